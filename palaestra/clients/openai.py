@@ -140,7 +140,6 @@ class OpenAIClient:
                 connector=aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300),
                 headers=self.headers,
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
-                json_serialize=lambda obj: orjson.dumps(obj).decode(),
             )
         try:
             async with self._session.post(self._url, data=orjson.dumps(body)) as resp:
