@@ -1,0 +1,236 @@
+"""MultiTurnEnv: the model and the environment take turns until a stop condition holds.
+
+A subclass implements ``env_response(messages, state)`` and, if it needs per-episode data,
+``setup_state(state)``. Stop conditions are methods decorated with ``@stop``; they are checked
+before every model turn and right after it, highest ``priority`` first, and the first that holds
+names the rollout's ``stop_reason``. ``env_response`` may also end the episode itself by
+returning ``Final(messages)``: those messages are appended and no model turn follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from palaestra.binding import Binder
+from palaestra.clients.base import ModelClient
+from palaestra.envs.base import Environment
+from palaestra.types import ErrorInfo, Example, Messages, Rollout, Sampling, State, Turn, derive_seed
+
+F = TypeVar("F", bound=Callable[..., Any])
+STOP_ARGS = ("messages", "state", "prompt", "completion")
+
+
+def stop(func: F | None = None, *, priority: int = 0) -> Any:
+    """Mark a method ``(self, state)`` or ``(self, messages, state)`` returning bool as a stop condition.
+
+    Use as ``@stop`` or ``@stop(priority=10)``; higher priorities are checked first.
+    """
+
+    def mark(f: F) -> F:
+        f.__palaestra_stop__ = priority  # type: ignore[attr-defined]  # a marker read by MultiTurnEnv
+        return f
+
+    return mark(func) if func is not None else mark
+
+
+@dataclass
+class Final:
+    """Returned by ``env_response`` to end the episode after appending ``messages``."""
+
+    messages: Messages
+    reason: str = "env_final"
+
+
+class RolloutTimeout(Exception):
+    """The rollout ran past the environment's ``timeout`` (time waiting for a request slot excluded)."""
+
+
+class MultiTurnEnv(Environment):
+    """Alternate model and environment turns, up to ``max_turns`` model replies.
+
+    ``timeout`` (seconds, ``None`` for none) bounds one rollout's own time: time spent waiting for
+    a free request slot under ``max_concurrent`` does not count.
+    """
+
+    def __init__(self, *, max_turns: int = 10, timeout: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        self.max_turns = max_turns
+        self.timeout = timeout
+        found = []
+        for name, member in inspect.getmembers(type(self), callable):
+            if hasattr(member, "__palaestra_stop__"):
+                method = getattr(self, name)
+                found.append(
+                    (-member.__palaestra_stop__, name, Binder(method, STOP_ARGS, what="stop condition"))
+                )
+        self._stops = [(name, binder) for _, name, binder in sorted(found, key=lambda t: t[:2])]
+
+    async def setup_state(self, state: State) -> None:
+        """Fill ``state`` before the first turn (``state.example`` and ``state.rng`` are set)."""
+
+    async def env_response(self, messages: Messages, state: State) -> Messages | Final:
+        """The environment's reply to the model's last message."""
+        raise NotImplementedError(f"{type(self).__name__} must implement env_response")
+
+    async def rollout(
+        self,
+        client: ModelClient,
+        example: Example,
+        *,
+        rollout_index: int = 0,
+        seed: int = 0,
+        sampling: Sampling | None = None,
+        limiter: asyncio.Semaphore | None = None,
+    ) -> Rollout:
+        rollout_seed = derive_seed(seed, example.id, rollout_index)
+        state = State(example, random.Random(rollout_seed))
+        rollout = Rollout(
+            example_id=example.id,
+            rollout_index=rollout_index,
+            seed=rollout_seed,
+            prompt=[dict(m) for m in example.prompt],
+            answer=example.answer,
+            info=dict(example.info),
+            state=state,
+        )
+        start = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout) as deadline:
+                await self._play(client, rollout, state, sampling or self.sampling, limiter, deadline)
+        except TimeoutError:
+            rollout.error = ErrorInfo.from_exception(
+                RolloutTimeout(f"rollout exceeded {self.timeout:g}s"), stage="timeout"
+            )
+            rollout.stop_reason = "timeout"
+        rollout.timing.total = time.perf_counter() - start
+        return rollout
+
+    async def _play(
+        self,
+        client: ModelClient,
+        rollout: Rollout,
+        state: State,
+        sampling: Sampling,
+        limiter: asyncio.Semaphore | None,
+        deadline: asyncio.Timeout,
+    ) -> None:
+        messages = rollout.prompt + rollout.completion
+        ok, _ = await self._env_step(rollout, "setup_state", self.setup_state(state))
+        if not ok:
+            return
+        while True:
+            if await self._stopped(rollout, messages, state) or self._at_turn_cap(rollout, state):
+                return
+            request = sampling.replace(seed=derive_seed(rollout.seed, state.turn))
+            t0 = time.perf_counter()
+            try:
+                response = await self._chat(client, messages, request, limiter, deadline)
+            except Exception as exc:  # noqa: BLE001 - any model failure is recorded, never raised
+                rollout.error = ErrorInfo.from_exception(exc, stage="model")
+                rollout.stop_reason = "error"
+                return
+            model_time = time.perf_counter() - t0
+            messages.append(response.message)
+            rollout.completion.append(response.message)
+            turn = Turn(
+                index=state.turn,
+                prompt_messages=len(messages) - 1,
+                finish_reason=response.finish_reason,
+                usage=response.usage,
+                token_ids=response.token_ids,
+                logprobs=response.logprobs,
+                model_time=model_time,
+            )
+            rollout.turns.append(turn)
+            rollout.usage += response.usage
+            rollout.timing.model += model_time
+            state.turn += 1
+            if await self._stopped(rollout, messages, state) or self._at_turn_cap(rollout, state):
+                return
+            t0 = time.perf_counter()
+            ok, out = await self._env_step(rollout, "env_response", self.env_response(messages, state))
+            turn.env_time = time.perf_counter() - t0
+            rollout.timing.env += turn.env_time
+            if not ok:
+                return
+            new = out.messages if isinstance(out, Final) else out
+            if not isinstance(new, list):
+                rollout.error = ErrorInfo(
+                    "TypeError", f"env_response returned {type(new).__name__}, not a list", "env"
+                )
+                rollout.stop_reason = "error"
+                return
+            messages.extend(new)
+            rollout.completion.extend(new)
+            if isinstance(out, Final):
+                rollout.stop_reason = out.reason
+                return
+
+    async def _chat(
+        self,
+        client: ModelClient,
+        messages: Messages,
+        sampling: Sampling,
+        limiter: asyncio.Semaphore | None,
+        deadline: asyncio.Timeout,
+    ) -> Any:
+        if limiter is None:
+            return await client.chat(messages, tools=self.tools, sampling=sampling)
+        when = deadline.when()
+        if when is None:
+            async with limiter:
+                return await client.chat(messages, tools=self.tools, sampling=sampling)
+        # queueing for a slot is not this rollout's time: pause the deadline while waiting
+        loop = asyncio.get_running_loop()
+        waited_from = loop.time()
+        deadline.reschedule(None)
+        try:
+            await limiter.acquire()
+        finally:
+            deadline.reschedule(when + loop.time() - waited_from)
+        try:
+            return await client.chat(messages, tools=self.tools, sampling=sampling)
+        finally:
+            limiter.release()
+
+    async def _env_step(self, rollout: Rollout, what: str, step: Any) -> tuple[bool, Any]:
+        """Await an environment hook: (True, result), or (False, None) with the error recorded."""
+        try:
+            return True, await step
+        except Exception as exc:  # noqa: BLE001 - env bugs are recorded as the rollout's error
+            rollout.error = ErrorInfo(type(exc).__name__, f"in {what}: {exc}", stage="env")
+            rollout.stop_reason = "error"
+            return False, None
+
+    async def _stopped(self, rollout: Rollout, messages: Messages, state: State) -> bool:
+        values = {
+            "messages": messages,
+            "state": state,
+            "prompt": rollout.prompt,
+            "completion": rollout.completion,
+        }
+        for name, binder in self._stops:
+            try:
+                done = await binder.call(values)
+            except Exception as exc:  # noqa: BLE001 - recorded like any env error
+                rollout.error = ErrorInfo(type(exc).__name__, f"in stop condition {name}: {exc}", stage="env")
+                rollout.stop_reason = "error"
+                return True
+            if done:
+                rollout.stop_reason = name
+                return True
+        return False
+
+    def _at_turn_cap(self, rollout: Rollout, state: State) -> bool:
+        if state.turn >= self.max_turns:
+            rollout.stop_reason = "max_turns"
+            return True
+        return False
