@@ -1,0 +1,54 @@
+"""Palaestra: build an environment once; evaluate, generate data and train with it.
+
+``import palaestra as pa`` gives the whole public API.
+"""
+
+from palaestra.binding import BindingError
+from palaestra.clients import (
+    BadResponseError,
+    ClientConfigError,
+    ModelClient,
+    ModelConnectionError,
+    ModelError,
+    ModelHTTPError,
+    ModelTimeout,
+    OpenAIClient,
+    ScriptedClient,
+    TransientModelError,
+)
+from palaestra.envs import DatasetError, Environment, Final, MultiTurnEnv, RolloutTimeout, SingleTurnEnv, stop
+from palaestra.parsers import Parser, ThinkParser, XMLParser
+from palaestra.registry import (
+    EnvironmentArgsError,
+    EnvironmentNotFound,
+    installed_environments,
+    load_environment,
+)
+from palaestra.rubric import RewardError, Rubric, RubricGroup, group_reward
+from palaestra.types import (
+    ErrorInfo,
+    Example,
+    Message,
+    Messages,
+    ModelResponse,
+    Rollout,
+    Sampling,
+    State,
+    Timing,
+    Turn,
+    Usage,
+    derive_seed,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BadResponseError", "BindingError", "ClientConfigError", "DatasetError", "Environment",
+    "EnvironmentArgsError", "EnvironmentNotFound", "ErrorInfo", "Example", "Final", "Message",
+    "Messages", "ModelClient", "ModelConnectionError", "ModelError", "ModelHTTPError",
+    "ModelResponse", "ModelTimeout", "MultiTurnEnv", "OpenAIClient", "Parser", "RewardError",
+    "Rollout", "RolloutTimeout", "Rubric", "RubricGroup", "Sampling", "ScriptedClient",
+    "SingleTurnEnv", "State", "ThinkParser", "Timing", "TransientModelError", "Turn", "Usage",
+    "XMLParser", "__version__", "derive_seed", "group_reward", "installed_environments",
+    "load_environment", "stop",
+]  # fmt: skip

@@ -1,0 +1,59 @@
+"""Find environment packages through the ``palaestra.environments`` entry-point group."""
+
+from __future__ import annotations
+
+import inspect
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from palaestra.envs.base import Environment
+
+GROUP = "palaestra.environments"
+
+
+class EnvironmentNotFound(LookupError):
+    """No installed environment package has that name."""
+
+
+class EnvironmentArgsError(TypeError):
+    """``load_environment`` was given arguments the environment does not take."""
+
+
+def _normalize(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+def installed_environments() -> dict[str, EntryPoint]:
+    """Installed environment names (normalised: lower case, ``_`` for ``-``) and their entry points."""
+    return {_normalize(ep.name): ep for ep in entry_points(group=GROUP)}
+
+
+def load_environment(name: str, **kwargs: Any) -> Environment:
+    """Build the environment ``name`` with ``load_environment(**kwargs)`` from its package."""
+    found = installed_environments()
+    ep = found.get(_normalize(name))
+    if ep is None:
+        names = ", ".join(sorted(found)) or "none"
+        raise EnvironmentNotFound(
+            f"unknown environment {name!r}; installed: {names}. "
+            f"Install one with `pip install -e environments/NAME`, or create one with `palaestra init NAME`."
+        )
+    factory = ep.load()
+    signature = inspect.signature(factory)
+    params = signature.parameters.values()
+    accepted = sorted(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        unknown = sorted(set(kwargs) - set(accepted))
+        if unknown:
+            raise EnvironmentArgsError(
+                f"environment {name!r} does not take {', '.join(unknown)}; "
+                f"it takes: {', '.join(accepted) or 'no arguments'}"
+            )
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:  # a required argument is missing
+        raise EnvironmentArgsError(f"environment {name!r}: {exc}; it takes: {', '.join(accepted)}") from None
+    env = factory(**kwargs)
+    if not isinstance(env, Environment):
+        raise TypeError(f"{ep.value} returned {type(env).__name__}, not an Environment")
+    return env
