@@ -163,14 +163,16 @@ class Rollout:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; state values JSON cannot hold are stored as their ``repr``."""
-        state, self.state = self.state, {}
+        # user-owned values are kept out of asdict's deep copy, which fails on uncopyable objects
+        state, info, answer = self.state, self.info, self.answer
+        self.state, self.info, self.answer = {}, {}, None
         try:
             out = dataclasses.asdict(self)
         finally:
-            self.state = state
+            self.state, self.info, self.answer = state, info, answer
         out["state"] = _jsonable(dict(state))
-        out["info"] = _jsonable(self.info)
-        out["answer"] = _jsonable(self.answer)
+        out["info"] = _jsonable(info)
+        out["answer"] = _jsonable(answer)
         return out
 
     @classmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -49,7 +50,8 @@ class Environment:
         self.system_prompt = system_prompt
         self.few_shot = list(few_shot or [])
         self.parser = parser or (rubric.parser if rubric else Parser())
-        self.rubric = rubric or Rubric(parser=self.parser)
+        # a copy: binding to this dataset and parser must not change a rubric shared by two envs
+        self.rubric = copy.copy(rubric) if rubric else Rubric(parser=self.parser)
         if not self.rubric.parser_given:  # reward functions asking for `parser` get the env's
             self.rubric.parser = self.parser
         self.sampling = sampling or Sampling()

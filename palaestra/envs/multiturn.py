@@ -131,8 +131,8 @@ class MultiTurnEnv(Environment):
                 return
             request = sampling.replace(seed=derive_seed(rollout.seed, state.turn))
             t0 = time.perf_counter()
-            try:
-                response = await self._chat(client, messages, request, limiter, deadline)
+            try:  # a copy: a client that keeps the list must not see later turns appear in it
+                response = await self._chat(client, list(messages), request, limiter, deadline)
             except Exception as exc:  # noqa: BLE001 - any model failure is recorded, never raised
                 rollout.error = ErrorInfo.from_exception(exc, stage="model")
                 rollout.stop_reason = "error"
