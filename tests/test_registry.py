@@ -119,6 +119,6 @@ def test_a_missing_required_argument_is_an_args_error(
     source = "def load_environment(path, size=1):\n    raise AssertionError('never called')\n"
     register(tmp_path, monkeypatch, "fake_env", source)
     with pytest.raises(
-        pa.EnvironmentArgsError, match="missing a required argument: 'path'.*takes: path, size"
+        pa.EnvironmentArgsError, match=r"missing a required argument: 'path'.*takes: path, size"
     ):
         pa.load_environment("fake_env", size=2)
