@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,24 @@ def test_init_into_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["init", "my_env", "--path", str(parent)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("palaestra: error:") and err.count("\n") == 1
+
+
+async def test_ctrl_c_stops_cleanly_with_exit_130() -> None:
+    started = asyncio.Event()
+
+    async def slow(body: dict) -> str:
+        started.set()
+        await asyncio.sleep(30)
+        return "too late"
+
+    async with FakeOpenAIServer(slow) as server:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "palaestra.cli", "eval", "reverse_text", "-m", server.model,
+            "-b", server.base_url, "-n", "4", "-r", "1",
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        await asyncio.wait_for(started.wait(), timeout=60)
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 130
+    assert err.decode().strip() == "interrupted"

@@ -6,6 +6,7 @@ import importlib.util
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -145,8 +146,26 @@ def test_parent_must_be_a_folder(tmp_path: Path) -> None:
         create_environment("mine", tmp_path / "file")
 
 
-def test_every_template_ships_with_the_package() -> None:
+def test_every_template_ships_with_the_package(tmp_path: Path) -> None:
     templates = REPO / "palaestra" / "templates"
     assert sorted(p.name for p in templates.iterdir()) == sorted(TEMPLATES)
-    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "templates/*" in setuptools["package-data"]["palaestra"]
+    # build the real wheel: `palaestra init` from a pip install must find its templates
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("palaestra-*.whl")
+    shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("palaestra/templates/")}
+    assert shipped == {f"palaestra/templates/{name}" for name in TEMPLATES}

@@ -429,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reply", type=_reply_from_spec, default="echo", help=reply_help)
     args = parser.parse_args(argv)
     try:
-        import uvloop  # optional speed-up; not a dependency
+        import uvloop  # a speed-up where installed (palaestra depends on it except on Windows)
     except ImportError:
         asyncio.run(_serve(args))
     else:
