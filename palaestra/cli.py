@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run on uvloop where it is installed: it halves the event loop's CPU per model call."""
+    """Run on uvloop (a faster event loop) where it is installed, else on asyncio."""
     try:
         import uvloop
     except ImportError:
