@@ -17,6 +17,7 @@ from palaestra.clients import (
     TransientModelError,
 )
 from palaestra.envs import DatasetError, Environment, Final, MultiTurnEnv, RolloutTimeout, SingleTurnEnv, stop
+from palaestra.eval import EvalRun, evaluate, load_run
 from palaestra.parsers import Parser, ThinkParser, XMLParser
 from palaestra.registry import (
     EnvironmentArgsError,
@@ -44,11 +45,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BadResponseError", "BindingError", "ClientConfigError", "DatasetError", "Environment",
-    "EnvironmentArgsError", "EnvironmentNotFound", "ErrorInfo", "Example", "Final", "Message",
+    "EnvironmentArgsError", "EnvironmentNotFound", "ErrorInfo", "EvalRun", "Example", "Final", "Message",
     "Messages", "ModelClient", "ModelConnectionError", "ModelError", "ModelHTTPError",
     "ModelResponse", "ModelTimeout", "MultiTurnEnv", "OpenAIClient", "Parser", "RewardError",
     "Rollout", "RolloutTimeout", "Rubric", "RubricGroup", "Sampling", "ScriptedClient",
     "SingleTurnEnv", "State", "ThinkParser", "Timing", "TransientModelError", "Turn", "Usage",
-    "XMLParser", "__version__", "derive_seed", "group_reward", "installed_environments",
-    "load_environment", "stop",
+    "XMLParser", "__version__", "derive_seed", "evaluate", "group_reward", "installed_environments",
+    "load_environment", "load_run", "stop",
 ]  # fmt: skip

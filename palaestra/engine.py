@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -42,7 +43,7 @@ async def run_group(
     return rollouts
 
 
-async def stream_rollouts(
+async def stream_groups(
     env: Environment,
     client: ModelClient,
     examples: Sequence[Example],
@@ -51,8 +52,8 @@ async def stream_rollouts(
     max_concurrent: int = 32,
     seed: int = 0,
     sampling: Sampling,
-) -> AsyncIterator[Rollout]:
-    """Yield scored rollouts group by group, in the order groups finish."""
+) -> AsyncIterator[list[Rollout]]:
+    """Yield each example's scored group of rollouts, in the order groups finish."""
     if rollouts_per_example < 1:
         raise ValueError(f"rollouts_per_example must be at least 1, got {rollouts_per_example}")
     if max_concurrent < 1:
@@ -77,9 +78,34 @@ async def stream_rollouts(
     try:
         for _ in range(len(tasks)):
             finished = await done.get()
-            for rollout in finished.result():
-                yield rollout
+            yield finished.result()
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def stream_rollouts(
+    env: Environment,
+    client: ModelClient,
+    examples: Sequence[Example],
+    *,
+    rollouts_per_example: int = 1,
+    max_concurrent: int = 32,
+    seed: int = 0,
+    sampling: Sampling,
+) -> AsyncIterator[Rollout]:
+    """Yield scored rollouts group by group, in the order groups finish."""
+    groups = stream_groups(
+        env,
+        client,
+        examples,
+        rollouts_per_example=rollouts_per_example,
+        max_concurrent=max_concurrent,
+        seed=seed,
+        sampling=sampling,
+    )
+    async with contextlib.aclosing(groups):
+        async for group in groups:
+            for rollout in group:
+                yield rollout

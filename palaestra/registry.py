@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import tomllib
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any
 
 from palaestra.envs.base import Environment
@@ -57,3 +60,30 @@ def load_environment(name: str, **kwargs: Any) -> Environment:
     if not isinstance(env, Environment):
         raise TypeError(f"{ep.value} returned {type(env).__name__}, not an Environment")
     return env
+
+
+def eval_defaults(name: str) -> dict[str, Any]:
+    """The ``[tool.palaestra.eval]`` table of an environment's ``pyproject.toml``, or ``{}``.
+
+    It is read from the package's source folder, so it is found for editable installs and
+    source checkouts (a built wheel does not ship its pyproject.toml). Keys that ``palaestra
+    eval`` understands: ``num_examples``, ``rollouts_per_example``, ``env_args``.
+    """
+    ep = installed_environments().get(_normalize(name))
+    if ep is None:
+        return {}
+    spec = importlib.util.find_spec(ep.module.split(".")[0])
+    if spec is None or spec.origin is None:
+        return {}
+    folder = Path(spec.origin).parent
+    for candidate in (folder / "pyproject.toml", folder.parent / "pyproject.toml"):
+        if candidate.is_file():
+            try:
+                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
+            except (OSError, tomllib.TOMLDecodeError):
+                return {}
+            entry_points = data.get("project", {}).get("entry-points", {}).get(GROUP, {})
+            if _normalize(name) in {_normalize(k) for k in entry_points}:
+                table = data.get("tool", {}).get("palaestra", {}).get("eval", {})
+                return table if isinstance(table, dict) else {}
+    return {}

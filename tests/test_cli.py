@@ -20,22 +20,36 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_eval_with_a_scripted_policy_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["eval", "reverse_text", "-m", "scripted:reverse_text:oracle", "-n", "4", "-r", "2"])
+def test_eval_with_a_scripted_policy_prints_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "eval",
+        "reverse_text",
+        "-m",
+        "scripted:reverse_text:oracle",
+        "-n",
+        "4",
+        "-r",
+        "2",
+        "-o",
+        str(tmp_path),
+    ]
+    code = main(argv)
     out = capsys.readouterr().out
     assert code == 0
     assert "8 rollouts" in out
-    reward_row = next(line for line in out.splitlines() if "reward" in line and "lcs" not in line)
-    assert "1.0000" in reward_row  # the oracle is always right
-    assert "answered=8" in out
+    reward_row = next(line for line in out.splitlines() if line.strip().startswith("reward "))
+    assert reward_row.split()[1] == "1.000"  # the oracle is always right
+    assert "answered 8" in out
 
 
-async def test_eval_against_an_http_server() -> None:
+async def test_eval_against_an_http_server(tmp_path: Path) -> None:
     async with FakeOpenAIServer(reverse_reply) as server:
         # the CLI runs its own event loop, so it goes in a subprocess while this loop serves
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "palaestra.cli", "eval", "reverse_text", "-m", server.model,
-            "-b", server.base_url, "-n", "3", "-r", "2", "-t", "100", "-T", "0.5",
+            "-b", server.base_url, "-n", "3", "-r", "2", "-t", "100", "-T", "0.5", "-o", str(tmp_path),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         out, err = await proc.communicate()
@@ -84,7 +98,7 @@ def test_wrong_flag_and_missing_model_are_usage_errors() -> None:
     bad_flag = run_cli("eval", "reverse_text", "-m", "x", "--no-such-flag")
     assert bad_flag.returncode == 2 and "unrecognized arguments: --no-such-flag" in bad_flag.stderr
     no_model = run_cli("eval", "reverse_text")
-    assert no_model.returncode == 2 and "-m/--model" in no_model.stderr
+    assert no_model.returncode == 2 and "give an environment and -m MODEL" in no_model.stderr
     assert "Traceback" not in bad_flag.stderr + no_model.stderr
 
 
@@ -111,7 +125,7 @@ def test_init_into_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert err.startswith("palaestra: error:") and err.count("\n") == 1
 
 
-async def test_ctrl_c_stops_cleanly_with_exit_130() -> None:
+async def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path: Path) -> None:
     started = asyncio.Event()
 
     async def slow(body: dict) -> str:
@@ -122,11 +136,13 @@ async def test_ctrl_c_stops_cleanly_with_exit_130() -> None:
     async with FakeOpenAIServer(slow) as server:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "palaestra.cli", "eval", "reverse_text", "-m", server.model,
-            "-b", server.base_url, "-n", "4", "-r", "1",
+            "-b", server.base_url, "-n", "4", "-r", "1", "-o", str(tmp_path),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         await asyncio.wait_for(started.wait(), timeout=60)
         proc.send_signal(signal.SIGINT)
         _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode == 130
-    assert err.decode().strip() == "interrupted"
+    (run_dir,) = (tmp_path / "evals").glob("*/*")
+    assert err.decode().strip() == f"interrupted; resume with: palaestra eval --resume {run_dir}"
+    assert '"status": "interrupted"' in (run_dir / "metadata.json").read_text()

@@ -66,6 +66,7 @@ class OpenAIClient:
             raise ClientConfigError(f"transport must be 'aiohttp' or 'openai', not {transport!r}")
         self.model = model
         self.base_url = base_url.rstrip("/")
+        self.api_key_var = api_key_var
         if api_key is None:
             api_key = os.environ.get(api_key_var)
         if api_key is None and urlparse(self.base_url).hostname not in LOOPBACK:
@@ -191,6 +192,20 @@ class OpenAIClient:
         except (openai.APIResponseValidationError, ValueError) as exc:
             raise BadResponseError(str(exc)) from exc
         return resp.model_dump()
+
+    async def check(self, timeout: float = 10.0) -> None:
+        """Fail fast before a run: ``ModelConnectionError`` if the server cannot be reached,
+        ``ModelHTTPError`` if it rejects the API key. Servers without ``/models`` pass."""
+        try:
+            async with aiohttp.ClientSession(headers=self.headers) as session:
+                async with session.get(
+                    self.base_url + "/models", timeout=aiohttp.ClientTimeout(total=timeout)
+                ) as resp:
+                    raw = await resp.read()
+                    if resp.status in (401, 403):
+                        raise _status_error(resp.status, raw, None)
+        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+            raise ModelConnectionError(f"cannot reach {self.base_url}: {exc or type(exc).__name__}") from None
 
     async def aclose(self) -> None:
         """Close the connection pool. The client reopens one if used again."""

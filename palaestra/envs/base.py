@@ -46,8 +46,10 @@ class Environment:
         rubric: Rubric | None = None,
         sampling: Sampling | None = None,
         tools: list[dict[str, Any]] | None = None,
+        pass_threshold: float = 0.5,
     ) -> None:
         self.system_prompt = system_prompt
+        self.pass_threshold = pass_threshold  # a rollout "passes" (pass@k) at this reward or above
         self.few_shot = list(few_shot or [])
         self.parser = parser or (rubric.parser if rubric else Parser())
         # a copy: binding to this dataset and parser must not change a rubric shared by two envs

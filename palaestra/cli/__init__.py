@@ -1,0 +1,136 @@
+"""The ``palaestra`` command. Thin: it parses arguments, calls the library and prints.
+
+Bad input (a wrong flag, an unknown environment, bad JSON, a missing API key, an unreachable
+server) gets one clear line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+import palaestra as pa
+from palaestra.cli.common import (
+    UsageError,
+    add_client_arguments,
+    close_client,
+    make_client,
+    make_sampling,
+    parse_json_object,
+    run_async,
+)
+from palaestra.cli.eval import add_eval_arguments, cmd_eval
+from palaestra.eval.store import RunStoreError
+
+USER_ERRORS = (
+    UsageError,
+    pa.EnvironmentNotFound,
+    pa.EnvironmentArgsError,
+    pa.BindingError,
+    pa.ModelError,  # an unreachable server or a rejected key, found before the run starts
+    RunStoreError,
+    ValueError,  # ClientConfigError, DatasetError, an environment's own argument checks
+    OSError,  # a path that cannot be read or written
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt as exc:
+        print(str(exc) or "interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as exc:
+        print(f"palaestra: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="palaestra", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"palaestra {pa.__version__}")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    ev = sub.add_parser("eval", help="evaluate a model on an environment; save, summarise")
+    add_eval_arguments(ev)
+    ev.set_defaults(func=cmd_eval)
+
+    report = sub.add_parser("report", help="write an HTML report of one or more saved runs")
+    report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    report.add_argument("-o", "--output", type=Path, default=None, help="the HTML file to write")
+    report.set_defaults(func=cmd_report)
+
+    play = sub.add_parser("play", help="play an environment yourself against a model, in the terminal")
+    play.add_argument("env", help="environment name (one with an interactive mode, e.g. tictactoe)")
+    play.add_argument("-a", "--env-args", default="{}", help="JSON object passed to load_environment")
+    add_client_arguments(play, model_required=True)
+    play.add_argument("--show-thinking", action="store_true", help="print the model's <think> text")
+    play.add_argument("--seed", type=int, default=0)
+    play.set_defaults(func=cmd_play)
+
+    init = sub.add_parser("init", help="create a new environment package")
+    init.add_argument("name")
+    init.add_argument("--path", type=Path, default=Path("environments"), help="parent folder")
+    init.set_defaults(func=cmd_init)
+
+    envs = sub.add_parser("envs", help="list installed environments")
+    envs.set_defaults(func=cmd_envs)
+    return parser
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from palaestra.eval.report import main_report
+
+    path = main_report([str(p) for p in args.runs], str(args.output) if args.output else None)
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    env = pa.load_environment(args.env, **parse_json_object(args.env_args, "-a"))
+    play = getattr(env, "play_interactive", None)
+    if play is None:
+        raise UsageError(f"environment {args.env!r} has no interactive mode")
+    client = make_client(args.model, args.base_url, args.api_key_var, 1)
+    sampling = make_sampling(env.sampling, args)
+
+    async def session() -> None:
+        try:
+            await play(
+                client,
+                console=Console(),
+                ask=input,
+                sampling=sampling,
+                seed=args.seed,
+                show_thinking=args.show_thinking,
+            )
+        finally:
+            await close_client(client)
+
+    try:
+        run_async(session())
+    except EOFError:  # input closed (Ctrl-D): leave quietly
+        print(file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from palaestra.scaffold import create_environment
+
+    path = create_environment(args.name, args.path)
+    print(f"created {path}; install it with: pip install -e {path}")
+    return 0
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    found = pa.installed_environments()
+    for name, ep in sorted(found.items()):
+        print(f"{name}\t{ep.value}")
+    if not found:
+        print("no environments installed", file=sys.stderr)
+    return 0

@@ -1,0 +1,88 @@
+"""Rollouts as a Hugging Face ``datasets.Dataset``: what ``--save-dataset`` writes and SFT reads.
+
+Columns: ``example_id``, ``rollout_index``, ``prompt`` and ``completion`` (chat messages),
+``answer`` and ``info`` (JSON strings, since their types vary from row to row), ``reward``, one
+column per reward function, ``stop_reason`` and ``error`` (``"stage/Type: message"`` or ``""``).
+Messages are normalised to the same keys (``role``, ``content``, ``tool_calls`` as a JSON string,
+``tool_call_id``) so that Arrow can store a conversation with and without tool calls side by side.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from palaestra.types import Messages, Rollout
+
+if TYPE_CHECKING:
+    import datasets
+
+
+def _message_row(message: dict[str, Any]) -> dict[str, str]:
+    content = message.get("content")
+    return {
+        "role": str(message.get("role", "")),
+        "content": content
+        if isinstance(content, str)
+        else json.dumps(content)
+        if content is not None
+        else "",
+        "tool_calls": json.dumps(message["tool_calls"]) if message.get("tool_calls") else "",
+        "tool_call_id": str(message.get("tool_call_id") or ""),
+    }
+
+
+def messages_from_row(messages: Sequence[dict[str, str]]) -> Messages:
+    """The chat messages of a dataset row, back in OpenAI form (empty fields dropped)."""
+    out: Messages = []
+    for row in messages:
+        message: dict[str, Any] = {"role": row["role"], "content": row["content"]}
+        if row.get("tool_calls"):
+            message["tool_calls"] = json.loads(row["tool_calls"])
+        if row.get("tool_call_id"):
+            message["tool_call_id"] = row["tool_call_id"]
+        out.append(message)
+    return out
+
+
+def rollouts_to_rows(rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
+    """One row per rollout, with the same columns for every row."""
+    names = sorted({name for r in rollouts for name in r.metrics})
+    rows = []
+    for r in rollouts:
+        error = f"{r.error.stage}/{r.error.type}: {r.error.message}" if r.error else ""
+        row: dict[str, Any] = {
+            "example_id": r.example_id,
+            "rollout_index": r.rollout_index,
+            "prompt": [_message_row(m) for m in r.prompt],
+            "completion": [_message_row(m) for m in r.completion],
+            "answer": json.dumps(r.answer, default=repr),
+            "info": json.dumps(r.info, default=repr),
+            "reward": r.reward,
+            "stop_reason": r.stop_reason or "",
+            "error": error,
+        }
+        for name in names:
+            row[name] = r.metrics.get(name)
+        rows.append(row)
+    return rows
+
+
+def rollouts_to_dataset(rollouts: Sequence[Rollout]) -> datasets.Dataset:
+    """A ``datasets.Dataset`` of the rollouts (needs the ``datasets`` extra)."""
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise ImportError(
+            "saving a dataset needs the datasets package: pip install 'palaestra[datasets]'"
+        ) from exc
+    return datasets.Dataset.from_list(rollouts_to_rows(rollouts))
+
+
+def save_dataset(rollouts: Sequence[Rollout], path: Path | str) -> Path:
+    """Write the rollouts with ``Dataset.save_to_disk``; load with ``datasets.load_from_disk``."""
+    path = Path(path)
+    rollouts_to_dataset(rollouts).save_to_disk(str(path))
+    return path

@@ -1,0 +1,376 @@
+"""Summary statistics of an eval run, and their rendering in the terminal with Rich.
+
+``summarize`` turns rollouts into a JSON-ready dict (saved with a run and read back by the
+report), ``render_summary`` prints that dict, ``render_rollout`` prints one rollout in full and
+``pick_sample`` chooses which rollout to show. Every string that came from a model, a dataset or
+an exception is printed through ``Text`` so Rich markup in it is shown literally.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from palaestra.types import Message, Rollout
+
+HISTOGRAM_BINS = 10
+ERROR_MESSAGE_CHARS = 500
+TIMING_STAGES = ("model", "env", "scoring", "total")
+
+# Exact t(0.975, df) for df = 1..30 (9 decimals); larger df use the Cornish-Fisher expansion.
+_T975 = (
+    12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851,
+    2.364624252, 2.306004135, 2.262157163, 2.228138852, 2.200985160, 2.178812830,
+    2.160368656, 2.144786688, 2.131449546, 2.119905299, 2.109815578, 2.100922040,
+    2.093024054, 2.085963447, 2.079613845, 2.073873068, 2.068657610, 2.063898562,
+    2.059538553, 2.055529439, 2.051830516, 2.048407142, 2.045229642, 2.042272456,
+)  # fmt: skip
+_Z975 = 1.959963984540054
+
+
+def t_quantile_975(df: int) -> float:
+    """The Student t quantile t(0.975, df), for a two-sided 95% confidence interval.
+
+    df <= 30 comes from a table of exact values; above that, the Cornish-Fisher expansion of
+    the normal quantile (Abramowitz & Stegun 26.7.5, four terms), whose error is below 3e-8.
+    """
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
+    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one example: chance that k of its n rollouts (c passing) include a pass."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def summarize(
+    rollouts: Sequence[Rollout], *, rollouts_per_example: int, pass_threshold: float = 0.5
+) -> dict[str, Any]:
+    """Reward, metric, pass@k, stop-reason, error, timing and token statistics of a run.
+
+    The result is JSON-ready (non-finite statistics become ``None``). Rollouts whose reward is
+    ``None`` (scoring failed) are left out of reward statistics and count as fails in pass@k.
+    """
+    rewards = [r.reward for r in rollouts if r.reward is not None]
+    metric_values: dict[str, list[float]] = {}
+    for r in rollouts:
+        for name, value in r.metrics.items():
+            if value is not None:
+                metric_values.setdefault(name, []).append(value)
+    return {
+        "n_rollouts": len(rollouts),
+        "n_examples": len({r.example_id for r in rollouts}),
+        "rollouts_per_example": rollouts_per_example,
+        "reward": _reward_stats(rewards),
+        "metrics": {
+            name: {"mean": _mean(vs), "std": _std(vs), "n": len(vs)}
+            for name, vs in sorted(metric_values.items())
+        },
+        "histogram": _histogram(rewards),
+        "pass_threshold": pass_threshold,
+        "pass_at_k": _pass_at_k(rollouts, rollouts_per_example, pass_threshold),
+        "stop_reasons": _stop_reasons(rollouts),
+        "errors": _errors(rollouts),
+        "timing": {
+            stage: _min_mean_max([getattr(r.timing, stage) for r in rollouts]) for stage in TIMING_STAGES
+        },
+        "tokens": {
+            "prompt": sum(r.usage.prompt_tokens for r in rollouts),
+            "completion": sum(r.usage.completion_tokens for r in rollouts),
+            "total": sum(r.usage.prompt_tokens + r.usage.completion_tokens for r in rollouts),
+        },
+    }
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return _finite(math.fsum(values) / len(values)) if values else None
+
+
+def _std(values: Sequence[float]) -> float | None:
+    """Sample standard deviation; 0.0 for one value, ``None`` for none."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return 0.0 if math.isfinite(values[0]) else None
+    mean = math.fsum(values) / len(values)
+    return _finite(math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)))
+
+
+def _min_mean_max(values: Sequence[float]) -> dict[str, float | None]:
+    if not values or any(math.isnan(v) for v in values):
+        return {"min": None, "mean": _mean(values), "max": None}
+    return {"min": _finite(min(values)), "mean": _mean(values), "max": _finite(max(values))}
+
+
+def _reward_stats(rewards: Sequence[float]) -> dict[str, Any]:
+    n = len(rewards)
+    mean, std = _mean(rewards), _std(rewards)
+    ci95 = None
+    if n >= 2 and mean is not None and std is not None:
+        half = t_quantile_975(n - 1) * std / math.sqrt(n)
+        ci95 = [mean - half, mean + half]
+    spread = _min_mean_max(rewards)
+    return {"mean": mean, "std": std, "ci95": ci95, "min": spread["min"], "max": spread["max"], "n": n}
+
+
+def _histogram(rewards: Sequence[float]) -> dict[str, list[Any]]:
+    """Ten equal bins over [min(0, lowest), max(1, highest)]; the top value falls in the last bin."""
+    finite = [r for r in rewards if math.isfinite(r)]
+    lo = min([0.0, *finite])
+    hi = max([1.0, *finite])
+    edges = [round(lo + (hi - lo) * i / HISTOGRAM_BINS, 12) for i in range(HISTOGRAM_BINS + 1)]
+    edges[0], edges[-1] = lo, hi
+    counts = [0] * HISTOGRAM_BINS
+    for r in finite:
+        counts[min(max(bisect_right(edges, r) - 1, 0), HISTOGRAM_BINS - 1)] += 1
+    return {"edges": edges, "counts": counts}
+
+
+def _pass_at_k(rollouts: Sequence[Rollout], rollouts_per_example: int, threshold: float) -> dict[str, float]:
+    """pass@k for k = 1, 2, 4, ... <= rollouts_per_example, averaged over examples with >= k rollouts.
+
+    A k that no example has enough rollouts for is left out.
+    """
+    per_example: dict[int, list[bool]] = {}
+    for r in rollouts:
+        per_example.setdefault(r.example_id, []).append(r.reward is not None and r.reward >= threshold)
+    out: dict[str, float] = {}
+    k = 1
+    while per_example and k <= rollouts_per_example:
+        scores = [pass_at_k(len(p), sum(p), k) for p in per_example.values() if len(p) >= k]
+        if scores:
+            out[str(k)] = math.fsum(scores) / len(scores)
+        k *= 2
+    return out
+
+
+def _stop_reasons(rollouts: Sequence[Rollout]) -> dict[str, int]:
+    counts = Counter(r.stop_reason if r.stop_reason is not None else "none" for r in rollouts)
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def _errors(rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
+    """Errors grouped by (stage, type); each group's example is its lowest (example_id, rollout_index)."""
+    groups: dict[tuple[str, str], list[Rollout]] = {}
+    for r in rollouts:
+        if r.error is not None:
+            groups.setdefault((r.error.stage, r.error.type), []).append(r)
+    out = []
+    for (stage, type_), members in groups.items():
+        first = min(members, key=lambda r: (r.example_id, r.rollout_index))
+        assert first.error is not None  # grouped only rollouts with an error
+        example = {
+            "example_id": first.example_id,
+            "rollout_index": first.rollout_index,
+            "message": first.error.message[:ERROR_MESSAGE_CHARS],
+        }
+        out.append({"type": type_, "stage": stage, "count": len(members), "example": example})
+    return sorted(out, key=lambda e: (-e["count"], e["stage"], e["type"]))
+
+
+def pick_sample(rollouts: Sequence[Rollout]) -> Rollout | None:
+    """The rollout to show: median reward among error-free ones (ties: lowest ids), else the first."""
+    ok = [r for r in rollouts if r.error is None and r.reward is not None and not math.isnan(r.reward)]
+    if not ok:
+        return rollouts[0] if rollouts else None
+    median = sorted(r.reward for r in ok)[(len(ok) - 1) // 2]  # the lower median: an actual reward
+    return min((r for r in ok if r.reward == median), key=lambda r: (r.example_id, r.rollout_index))
+
+
+# ---------------------------------------------------------------- rendering
+
+_BLOCKS = " ▏▎▍▌▋▊▉█"
+_BAR_WIDTH = 36
+_ROLE_STYLES = {"system": "magenta", "user": "cyan", "assistant": "green", "tool": "yellow"}
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "–"
+    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+        return f"{x:.3g}"
+    return f"{x:.3f}"
+
+
+def _bar(count: int, top: int) -> str:
+    """A bar of unicode blocks, ``_BAR_WIDTH`` cells for ``top``, in eighths of a cell."""
+    eighths = round(count / top * _BAR_WIDTH * 8) if top else 0
+    if count and not eighths:
+        eighths = 1  # a non-empty bin always shows
+    full, part = divmod(eighths, 8)
+    return "█" * full + (_BLOCKS[part] if part else "")
+
+
+def render_summary(console: Console, summary: dict[str, Any], *, title: str | None = None) -> None:
+    """Print a summary from ``summarize``: reward and metrics, pass@k, histogram, stops, errors, timing."""
+    if title:
+        console.rule(Text(title, style="bold"))
+    reward = summary["reward"]
+    n_err = sum(e["count"] for e in summary["errors"])
+    console.print(
+        Text(
+            f"{summary['n_rollouts']} rollouts · {summary['n_examples']} examples × "
+            f"{summary['rollouts_per_example']} · {reward['n']} scored · {n_err} failed"
+        )
+    )
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for header in ("", "mean", "± std", "95% CI", "min", "max", "n"):
+        table.add_column(header, justify="left" if header in ("", "95% CI") else "right")
+    ci = reward["ci95"]
+    ci_text = f"[{_num(ci[0])}, {_num(ci[1])}]" if ci else "–"
+    table.add_row(
+        Text("reward", style="bold"),
+        _num(reward["mean"]),
+        _num(reward["std"]),
+        Text(ci_text),
+        _num(reward["min"]),
+        _num(reward["max"]),
+        str(reward["n"]),
+    )
+    for name, stats in summary["metrics"].items():
+        table.add_row(Text(name), _num(stats["mean"]), _num(stats["std"]), "", "", "", str(stats["n"]))
+    console.print(table)
+
+    if summary["pass_at_k"]:
+        parts = [f"pass@{k} {_num(v)}" for k, v in summary["pass_at_k"].items()]
+        console.print(Text(f"pass@k (reward ≥ {summary['pass_threshold']:g}): " + " · ".join(parts)))
+
+    hist = summary["histogram"]
+    if reward["n"]:
+        console.print(Text("\nreward histogram", style="bold"))
+        top = max(hist["counts"])
+        edges = hist["edges"]
+        for i, count in enumerate(hist["counts"]):
+            close = "]" if i == len(hist["counts"]) - 1 else ")"
+            label = f"[{_num(edges[i]):>6}, {_num(edges[i + 1]):>6}{close}"
+            line = Text(f"  {label} ")
+            line.append(f"{_bar(count, top):<{_BAR_WIDTH}}", style="blue")
+            line.append(f" {count}")
+            console.print(line)
+
+    if summary["stop_reasons"]:
+        stops = " · ".join(f"{reason} {count}" for reason, count in summary["stop_reasons"].items())
+        console.print(Text.assemble("\n", ("stop reasons: ", "bold"), stops))
+
+    if summary["errors"]:
+        errors = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="errors", title_justify="left")
+        errors.add_column("stage")
+        errors.add_column("type")
+        errors.add_column("n", justify="right")
+        errors.add_column("example", overflow="fold")
+        for e in summary["errors"]:
+            ex = e["example"]
+            message = " ".join(ex["message"].split())
+            if len(message) > 120:
+                message = message[:119] + "…"
+            where = f"#{ex['example_id']}/{ex['rollout_index']}: "
+            errors.add_row(
+                Text(e["stage"]), Text(e["type"], style="red"), str(e["count"]), Text(where + message)
+            )
+        console.print(errors)
+
+    timing = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="time per rollout (s)", title_justify="left")
+    for header in ("", "min", "mean", "max"):
+        timing.add_column(header, justify="left" if not header else "right")
+    for stage, stats in summary["timing"].items():
+        timing.add_row(stage, *(_num(stats[key]) for key in ("min", "mean", "max")))
+    console.print(timing)
+
+    tokens = summary["tokens"]
+    console.print(
+        Text(
+            f"tokens: prompt {tokens['prompt']:,} · completion {tokens['completion']:,} · "
+            f"total {tokens['total']:,}"
+        )
+    )
+
+
+def _truncate(text: str, max_chars: int) -> str:
+    if len(text) <= max_chars:
+        return text
+    return text[:max_chars] + f"… ({len(text) - max_chars} more chars)"
+
+
+def _content_text(content: Any) -> str:
+    """A message's content as text: a string, or the text parts of an OpenAI content-part list."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                parts.append(str(part.get("text", "")))
+            else:
+                kind = part.get("type", "part") if isinstance(part, dict) else type(part).__name__
+                parts.append(f"<{kind}>")
+        return "\n".join(parts)
+    return str(content)
+
+
+def _tool_call_text(call: Any) -> str:
+    """``name(arguments)`` of an OpenAI tool call dict."""
+    if not isinstance(call, dict):
+        return str(call)
+    function = call.get("function") or {}
+    arguments = function.get("arguments", "")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return f"{function.get('name', '?')}({arguments})"
+
+
+def _message_panel(message: Message, max_chars: int) -> Panel:
+    role = str(message.get("role", "?"))
+    style = _ROLE_STYLES.get(role, "white")
+    title = Text(role, style=f"bold {style}")
+    if message.get("tool_call_id"):
+        title.append(f" · {message['tool_call_id']}")
+    body = Text(_truncate(_content_text(message.get("content")), max_chars))
+    for call in message.get("tool_calls") or []:
+        if body:
+            body.append("\n")
+        body.append("→ ", style="bold")
+        body.append(_truncate(_tool_call_text(call), max_chars), style=style)
+    return Panel(body, title=title, title_align="left", border_style=style)
+
+
+def render_rollout(console: Console, rollout: Rollout, *, max_chars: int = 2000) -> None:
+    """Print one rollout in full: a header with its scores, then every message as a panel."""
+    console.rule(Text(f"example {rollout.example_id} · rollout {rollout.rollout_index}", style="bold"))
+    reward = "–" if rollout.reward is None else _num(rollout.reward)
+    header = Text(f"reward {reward} · stop {rollout.stop_reason or 'none'}")
+    if rollout.metrics:
+        header.append(" · " + " ".join(f"{name}={_num(v)}" for name, v in sorted(rollout.metrics.items())))
+    lines: list[Text] = [header]
+    if rollout.error is not None:
+        err = rollout.error
+        lines.append(Text(f"error [{err.stage}] {err.type}: {_truncate(err.message, 500)}", style="red"))
+    console.print(Group(*lines))
+    for message in rollout.messages:
+        console.print(_message_panel(message, max_chars))
