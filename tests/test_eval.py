@@ -116,6 +116,7 @@ async def test_resume_keeps_whole_groups_and_drops_a_torn_write(tmp_path: Path) 
         env(), noisy(), n=8, rollouts_per_example=2, seed=5, output_dir=tmp_path, resume=first.path
     )
     assert sorted(key(r) for r in resumed.rollouts) == [(e, i) for e in range(8) for i in range(2)]
+
     def replay(r: pa.Rollout) -> tuple:
         return (r.seed, r.completion, r.reward, r.metrics, r.stop_reason)
 
@@ -257,3 +258,21 @@ def test_resume_of_a_missing_or_foreign_directory(tmp_path: Path, capsys: pytest
 def test_eval_without_env_or_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", "reverse_text"]) == 2
     assert "give an environment and -m MODEL" in capsys.readouterr().err
+
+
+def test_report_command_writes_one_page_for_several_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for policy in ("oracle", "noisy_reverser"):
+        argv = ["eval", "reverse_text", "-m", f"scripted:reverse_text:{policy}", "-n", "3", "-r", "2"]
+        assert main([*argv, "-o", str(tmp_path), "--quiet"]) == 0
+    runs = sorted((tmp_path / "evals").glob("*/*"))
+    out = tmp_path / "both.html"
+    assert main(["report", *map(str, runs), "-o", str(out)]) == 0
+    page = out.read_text()
+    for run in runs:
+        assert pa.load_run(run).metadata["run_id"] in page
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "missing" in err and err.count("\n") == 1

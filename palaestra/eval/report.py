@@ -1,0 +1,398 @@
+"""One self-contained HTML page for one or more saved evaluation runs.
+
+The page has no external references: the CSS and JS in ``report_assets/`` are inlined, charts are
+SVG drawn here, and the rollouts are embedded as JSON that the page renders with ``textContent``
+(model text is never parsed as HTML). Conversations are built only when a rollout is expanded,
+so a run of a few thousand rollouts stays quick to open.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from palaestra.eval.store import METADATA, RESULTS
+from palaestra.types import Rollout
+
+ASSETS = Path(__file__).with_name("report_assets")
+_DICT_FIELDS = ("env_args", "sampling", "versions", "counts", "summary")
+
+
+@dataclass
+class RunData:
+    """A run read back from disk; ``skipped`` holds the 1-based numbers of unreadable lines."""
+
+    path: Path
+    metadata: dict[str, Any]
+    summary: dict[str, Any]
+    rollouts: list[Rollout]
+    skipped: list[int]
+
+
+def read_run(run_dir: Path) -> RunData:
+    """Read a run directory; ``ValueError`` with a one-line message if it is not a valid run."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise ValueError(f"{run_dir}: no such directory")
+    if not run_dir.is_dir():
+        raise ValueError(f"{run_dir}: not a directory")
+    for name in (RESULTS, METADATA):
+        if not (run_dir / name).is_file():
+            raise ValueError(f"{run_dir}: not a run directory (no {name})")
+    try:
+        metadata = orjson.loads((run_dir / METADATA).read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"{run_dir / METADATA}: malformed JSON ({exc})") from None
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{run_dir / METADATA}: malformed (not a JSON object)")
+    for key in _DICT_FIELDS:
+        if metadata.get(key) is not None and not isinstance(metadata[key], dict):
+            raise ValueError(f"{run_dir / METADATA}: malformed ({key!r} is not an object)")
+    rollouts, skipped = [], []
+    with (run_dir / RESULTS).open("rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rollouts.append(Rollout.from_dict(orjson.loads(line)))
+            except (ValueError, TypeError, KeyError, AttributeError):  # a line cut short, or not a rollout
+                skipped.append(number)
+    summary = metadata.get("summary") or _summarize(rollouts, metadata)
+    return RunData(run_dir, metadata, summary, rollouts, skipped)
+
+
+def _summarize(rollouts: list[Rollout], metadata: dict[str, Any]) -> dict[str, Any]:
+    """The summary of an interrupted run, which never wrote one."""
+    from palaestra.eval.summary import summarize  # lazy: only runs without a saved summary need it
+
+    per_example = Counter(r.example_id for r in rollouts)
+    k = metadata.get("rollouts_per_example") or max(per_example.values(), default=1)
+    options = {"pass_threshold": metadata["pass_threshold"]} if "pass_threshold" in metadata else {}
+    return summarize(rollouts, rollouts_per_example=k, **options)
+
+
+def write_report(run_dirs: Sequence[Path], out: Path | None = None) -> Path:
+    """Write the report for ``run_dirs`` to ``out`` (default ``<first run>/report.html``)."""
+    if not run_dirs:
+        raise ValueError("give at least one run directory")
+    runs = [read_run(Path(d)) for d in run_dirs]
+    out = Path(out) if out is not None else runs[0].path / "report.html"
+    out.write_text(render_report(runs), encoding="utf-8")
+    return out
+
+
+def main_report(run_dirs: list[str], out: str | None) -> Path:
+    """Entry point for ``palaestra report``: validates paths, then writes the page."""
+    target = Path(out) if out else None
+    if target is not None:
+        if target.is_dir():
+            raise ValueError(f"{target}: is a directory; give a file name such as report.html")
+        if not target.parent.is_dir():
+            raise ValueError(f"{target.parent}: output directory does not exist")
+    return write_report([Path(d) for d in run_dirs], target)
+
+
+# ---------------------------------------------------------------- page
+
+
+def render_report(runs: Sequence[RunData]) -> str:
+    """The full HTML page for ``runs`` (the first is the baseline of a comparison)."""
+    title = " vs ".join(f"{r.metadata.get('env_id', '?')} · {r.metadata.get('model', '?')}" for r in runs)
+    nav = ""
+    if len(runs) > 1:
+        links = "".join(f'<a href="#run-{i}">{_e(_run_label(r, i))}</a>' for i, r in enumerate(runs))
+        nav = f'<nav class="runs-nav"><a href="#comparison">Comparison</a>{links}</nav>'
+    body = (
+        nav
+        + (_comparison(runs) if len(runs) > 1 else "")
+        + "".join(_run_section(r, i) for i, r in enumerate(runs))
+    )
+    data = {"runs": [[_record(x) for x in r.rollouts] for r in runs]}
+    return _fill(
+        "page.html",
+        title=_e(f"Palaestra report: {title}"),
+        css=(ASSETS / "report.css").read_text(encoding="utf-8"),
+        js=(ASSETS / "report.js").read_text(encoding="utf-8"),
+        body=body,
+        data=_script_json(data),
+    )
+
+
+def _fill(template: str, **parts: str) -> str:
+    """``template`` from report_assets with ``{{name}}`` replaced in one pass (values are not rescanned)."""
+    text = (ASSETS / template).read_text(encoding="utf-8")
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], text)
+
+
+def _record(r: Rollout) -> dict[str, Any]:
+    """What the page needs of a rollout: everything but token ids and logprobs."""
+    d = r.to_dict()
+    d["turns"] = len(r.turns)
+    return d
+
+
+def _script_json(data: Any) -> str:
+    """JSON safe inside ``<script>``: ``<``, ``>`` and ``&`` are written as ``\\u`` escapes."""
+    text = orjson.dumps(data).decode()  # NaN and infinities become null
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _run_label(run: RunData, i: int) -> str:
+    return f"{i + 1}. {run.metadata.get('model', '?')}"
+
+
+def _run_section(run: RunData, i: int) -> str:
+    md, s = run.metadata, run.summary
+    heading = f"{md.get('env_id', '?')} · {md.get('model', '?')}"
+    notice = ""
+    if run.skipped:
+        lines = ", ".join(map(str, run.skipped[:10])) + (" …" if len(run.skipped) > 10 else "")
+        notice = (
+            f'<p class="notice">Skipped {len(run.skipped)} unreadable line(s) of {RESULTS} '
+            f"(line {lines}); the run was probably stopped mid-write.</p>"
+        )
+    charts = (
+        f'<div class="card"><h3>Reward distribution</h3>{_histogram_svg(s.get("histogram"))}</div>'
+        f'<div class="card"><h3>Reward functions (mean)</h3>{_metric_bars_svg(s.get("metrics") or {})}</div>'
+    )
+    return (
+        f'<section class="run" id="run-{i}"><h2>{_e(heading)}</h2>{notice}{_header(run)}'
+        f'<div class="grid2"><div class="card"><h3>Summary</h3>{_summary_table(s)}</div>'
+        f'<div class="card">{_stops_errors(s)}</div></div><div class="grid2">{charts}</div>'
+        f"{_fill('browser.html', run=str(i), total=str(len(run.rollouts)))}</section>"
+    )
+
+
+def _header(run: RunData) -> str:
+    md = run.metadata
+    counts = md.get("counts") or {}
+    status = str(md.get("status", "unknown"))
+    status_cls = status if status in ("complete", "running", "interrupted") else "other"
+    started, finished, url = md.get("started_at"), md.get("finished_at"), md.get("base_url")
+    items = [
+        ("Environment", _e(md.get("env_id"))),
+        ("Model", _e(md.get("model")) + (f" <small>@ {_e(url)}</small>" if url else "")),
+        ("Run id", f"<code>{_e(md.get('run_id'))}</code>"),
+        ("Status", f'<span class="status status-{status_cls}">{_e(status)}</span>'),
+        ("Rollouts", _e(" · ".join(f"{k} {v}" for k, v in counts.items()) or str(len(run.rollouts)))),
+        ("Examples", _e(f"{md.get('num_examples', '—')} × {md.get('rollouts_per_example', '—')} rollouts")),
+        ("Started", _e(started or "—")),
+        ("Finished", _e(finished or "—") + _duration(started, finished)),
+        ("Seed", _e(md.get("seed", "—"))),
+        ("Concurrency", _e(md.get("max_concurrent", "—"))),
+        ("Sampling", _kv(md.get("sampling") or {})),
+        ("Env args", _kv(md.get("env_args") or {})),
+        ("Versions", _kv(md.get("versions") or {})),
+        ("Directory", f"<code>{_e(run.path)}</code>"),
+    ]
+    return '<dl class="meta">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+
+
+def _duration(start: Any, end: Any) -> str:
+    try:
+        seconds = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+    except (TypeError, ValueError):
+        return ""
+    return f" <small>({seconds:.1f} s)</small>"
+
+
+def _summary_table(s: dict[str, Any]) -> str:
+    reward = s.get("reward") or {}
+    ci = reward.get("ci95")
+    rows = [
+        ("Rollouts", _e(f"{_num(s.get('n_rollouts'))} ({_num(s.get('n_examples'))} examples)")),
+        ("Reward", f"<b>{_num(reward.get('mean'))}</b> ± {_num(reward.get('std'))}"),
+        ("95% CI", f"[{_num(ci[0])}, {_num(ci[1])}]" if ci else "—"),
+        ("Min / max", f"{_num(reward.get('min'))} / {_num(reward.get('max'))}"),
+        ("Scored", _num(reward.get("n"))),
+    ]
+    rows += [
+        (f"<code>{_e(n)}</code>", f"{_num(m.get('mean'))} ± {_num(m.get('std'))}")
+        for n, m in (s.get("metrics") or {}).items()
+    ]
+    threshold = s.get("pass_threshold")
+    rows += [(f"pass@{_e(k)}", _num(p)) for k, p in (s.get("pass_at_k") or {}).items()]
+    if threshold is not None:
+        rows.append(("Pass threshold", f"reward ≥ {_num(threshold)}"))
+    tokens = s.get("tokens") or {}
+    rows.append(("Tokens", _e(" · ".join(f"{k} {_num(v)}" for k, v in tokens.items()) or "—")))
+    table = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+    timing = s.get("timing") or {}
+    trows = "".join(
+        f"<tr><th>{_e(k)}</th><td>{_num(t.get('min'))}</td><td>{_num(t.get('mean'))}</td><td>{_num(t.get('max'))}</td></tr>"
+        for k, t in timing.items()
+        if isinstance(t, dict)
+    )
+    times = f'<table class="timing"><tr><th>time (s)</th><th>min</th><th>mean</th><th>max</th></tr>{trows}</table>'
+    return f'<table class="summary">{table}</table>{times if trows else ""}'
+
+
+def _stops_errors(s: dict[str, Any]) -> str:
+    stops = s.get("stop_reasons") or {}
+    stop_rows = "".join(f"<tr><td><code>{_e(k)}</code></td><td>{_num(v)}</td></tr>" for k, v in stops.items())
+    out = f'<h3>Stop reasons</h3><table class="stops">{stop_rows or "<tr><td>none</td></tr>"}</table><h3>Errors</h3>'
+    errors = s.get("errors") or []
+    if not errors:
+        return out + '<p class="muted">No errors.</p>'
+    rows = ""
+    for err in errors:
+        ex = err.get("example") or {}
+        where = f"example {ex.get('example_id')} · rollout {ex.get('rollout_index')}"
+        rows += (
+            f"<tr><td><code>{_e(err.get('type'))}</code></td><td>{_e(err.get('stage'))}</td>"
+            f'<td>{_num(err.get("count"))}</td><td><div class="errmsg">{_e(ex.get("message", ""))}</div>'
+            f'<small class="muted">{_e(where)}</small></td></tr>'
+        )
+    return (
+        out
+        + f'<table class="errors"><tr><th>type</th><th>stage</th><th>count</th><th>example</th></tr>{rows}</table>'
+    )
+
+
+def _comparison(runs: Sequence[RunData]) -> str:
+    envs = [r.metadata.get("env_id") for r in runs]
+    same_env = len(set(envs)) == 1
+    metric_names = list(dict.fromkeys(n for r in runs for n in (r.summary.get("metrics") or {})))
+    ks = sorted({k for r in runs for k in (r.summary.get("pass_at_k") or {})}, key=lambda k: (len(k), k))
+    rows: list[tuple[str, list[float | None]]] = [("reward mean", [_get(r, "reward", "mean") for r in runs])]
+    rows += [(n, [_get(r, "metrics", n, "mean") for r in runs]) for n in metric_names]
+    rows += [(f"pass@{k}", [_get(r, "pass_at_k", k) for r in runs]) for k in ks]
+    head = "".join(f"<th>{_e(_run_label(r, i))}</th>" for i, r in enumerate(runs))
+    cis = [(r.summary.get("reward") or {}).get("ci95") for r in runs]
+    body = "".join(
+        f"<tr><th>{label}</th>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+        for label, cells in (
+            ("model", [_e(r.metadata.get("model")) for r in runs]),
+            ("environment", [f"<code>{_e(e)}</code>" for e in envs]),
+            ("rollouts", [_num(r.summary.get("n_rollouts")) for r in runs]),
+        )
+    )
+    ci_cells = "".join(f"<td>[{_num(ci[0])}, {_num(ci[1])}]</td>" if ci else "<td>—</td>" for ci in cis)
+    for n, (name, values) in enumerate(rows):
+        cells = ""
+        for i, v in enumerate(values):
+            delta = ""
+            if same_env and i > 0 and v is not None and values[0] is not None:
+                d = v - values[0]
+                sign, cls = ("+", "pos") if d > 5e-4 else ("-", "neg") if d < -5e-4 else ("±", "zero")
+                delta = f' <span class="delta {cls}" data-delta="{d:.6f}">{sign}{abs(d):.3f}</span>'
+            cells += f"<td>{_num(v)}{delta}</td>"
+        label = _e(name) if n == 0 or name.startswith("pass@") else f"<code>{_e(name)}</code>"
+        body += f'<tr class="cmp-row" data-name="{_e(name)}"><th>{label}</th>{cells}</tr>'
+        if n == 0:
+            body += f"<tr><th>reward 95% CI</th>{ci_cells}</tr>"
+    listed = ", ".join(_e(e) for e in dict.fromkeys(envs))
+    note = f"The runs use different environments ({listed}): shown side by side; deltas are not computed."
+    note = "Deltas are against run 1 (same environment)." if same_env else note
+    return (
+        f'<section id="comparison"><h2>Comparison</h2><p class="muted cmp-note">{note}</p>'
+        f'<div class="card"><table class="compare"><tr><th></th>{head}</tr>{body}</table></div></section>'
+    )
+
+
+# ---------------------------------------------------------------- charts
+
+
+def _histogram_svg(hist: dict[str, Any] | None) -> str:
+    """Reward histogram as an SVG bar chart (10 bins, counts above bars)."""
+    if not hist or not hist.get("counts") or not any(hist["counts"]) or len(hist.get("edges") or []) < 2:
+        return '<p class="muted">No scored rollouts.</p>'
+    counts, edges = hist["counts"], hist["edges"]
+    w, h, left, bottom, top = 460, 190, 34, 26, 16
+    bw = (w - left - 8) / len(counts)
+    peak = max(counts)
+    parts = [f'<line x1="{left}" y1="{h - bottom}" x2="{w - 4}" y2="{h - bottom}" class="axis"/>']
+    for i, c in enumerate(counts):
+        bh = (h - bottom - top) * c / peak
+        x, y = left + i * bw, h - bottom - bh
+        label = f"[{_num(edges[i])}, {_num(edges[i + 1])}): {c}"
+        parts.append(
+            f'<rect class="bar" x="{x + 1:.1f}" y="{y:.1f}" width="{bw - 2:.1f}" height="{bh:.1f}"><title>{label}</title></rect>'
+            + (
+                f'<text x="{x + bw / 2:.1f}" y="{y - 3:.1f}" class="lbl" text-anchor="middle">{c}</text>'
+                if c
+                else ""
+            )
+        )
+    for i in range(0, len(edges), 2 if len(edges) > 6 else 1):
+        tick = f"{edges[i]:g}" if isinstance(edges[i], (int, float)) else _e(edges[i])
+        parts.append(
+            f'<text x="{left + i * bw:.1f}" y="{h - 8}" class="tick" text-anchor="middle">{tick}</text>'
+        )
+    parts.append(f'<text x="{left - 6}" y="{top + 4}" class="tick" text-anchor="end">{peak}</text>')
+    return _svg(w, h, "reward histogram", "".join(parts))
+
+
+def _metric_bars_svg(metrics: dict[str, Any]) -> str:
+    """Horizontal bars of each reward function's mean; negative means extend left of zero."""
+    items = [
+        (n, m.get("mean")) for n, m in metrics.items() if isinstance(m, dict) and m.get("mean") is not None
+    ]
+    if not items:
+        return '<p class="muted">No reward functions recorded.</p>'
+    lo = min(0.0, *(v for _, v in items))
+    hi = max(1.0 if lo == 0 and all(v <= 1 for _, v in items) else 0.0, *(v for _, v in items))
+    span = (hi - lo) or 1.0
+    w, row, label_w, value_w = 460, 26, 150, 54
+    plot = w - label_w - value_w
+    h = row * len(items) + 8
+    zero = label_w + plot * (0 - lo) / span
+    parts = [f'<line x1="{zero:.1f}" y1="2" x2="{zero:.1f}" y2="{h - 4}" class="axis"/>']
+    for i, (name, v) in enumerate(items):
+        y = 4 + i * row
+        x0, x1 = sorted((zero, label_w + plot * (v - lo) / span))
+        cls, short = "bar neg" if v < 0 else "bar", name if len(name) <= 22 else name[:21] + "…"
+        parts.append(
+            f'<text x="{label_w - 8}" y="{y + 15}" class="lbl" text-anchor="end">{_e(short)}<title>{_e(name)}</title></text>'
+            f'<rect x="{label_w}" y="{y + 3}" width="{plot}" height="{row - 10}" class="track"/>'
+            f'<rect x="{x0:.1f}" y="{y + 3}" width="{max(x1 - x0, 1):.1f}" height="{row - 10}" class="{cls}"/>'
+            f'<text x="{w - value_w + 6}" y="{y + 15}" class="lbl">{_num(v)}</text>'
+        )
+    return _svg(w, h, "reward function means", "".join(parts))
+
+
+def _svg(w: int, h: int, label: str, inner: str) -> str:
+    return f'<svg class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{label}">{inner}</svg>'
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def _e(value: Any) -> str:
+    """HTML-escaped text; ``None`` as a dash."""
+    return "—" if value is None else html.escape(str(value), quote=True)
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return _e(value)
+    return str(value) if isinstance(value, int) else f"{value:.3f}"
+
+
+def _kv(d: dict[str, Any]) -> str:
+    if not d:
+        return "—"
+    items = (
+        f"<code>{_e(k)}={_e(v if isinstance(v, str) else json.dumps(v))}</code>"
+        for k, v in d.items()
+        if v is not None
+    )
+    return " ".join(items) or "—"
+
+
+def _get(run: RunData, *keys: str) -> float | None:
+    value: Any = run.summary
+    for k in keys:
+        value = value.get(k) if isinstance(value, dict) else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
