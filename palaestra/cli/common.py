@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 import json
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import palaestra as pa
@@ -54,6 +55,11 @@ def add_client_arguments(parser: argparse.ArgumentParser, *, model_required: boo
 
 def make_client(model: str, base_url: str, api_key_var: str, max_concurrent: int = 32) -> pa.ModelClient:
     """``scripted:MODULE:FUNCTION`` → ScriptedClient; anything else → OpenAIClient."""
+    if model.lower() == "smollm2" or Path(model).expanduser().exists():
+        raise UsageError(
+            f"-m {model}: local models are not supported yet; serve the model with an "
+            "OpenAI-compatible server (vLLM, llama.cpp) and pass -m NAME -b http://HOST:PORT/v1"
+        )
     if model.startswith("scripted:"):
         target = model.removeprefix("scripted:")
         module_name, _, func_name = target.partition(":")
