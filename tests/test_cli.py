@@ -72,7 +72,10 @@ async def test_eval_against_an_http_server(tmp_path: Path) -> None:
         (["eval", "reverse_text", "-m", "x", "-r", "0"], "-r must be at least 1"),
         (["eval", "reverse_text", "-m", "x", "-n", "0"], "no examples to run"),
         (["eval", "reverse_text", "-m", "smollm2"], "local models are not supported yet"),
-        (["eval", "reverse_text", "-m", "x", "-S", '{"bogus_field": 1, "top_p": "x"}', "-t", "0"], "max_tokens"),
+        (
+            ["eval", "reverse_text", "-m", "x", "-S", '{"bogus_field": 1, "top_p": "x"}', "-t", "0"],
+            "max_tokens",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
