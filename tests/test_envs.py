@@ -176,6 +176,7 @@ async def test_env_responses_are_appended_and_seen_by_the_model() -> None:
         {"role": "assistant", "content": "reply 2"},
         user("turn 2"),
         {"role": "assistant", "content": "reply 3"},
+        user("turn 3"),  # the environment answers the reply that reaches max_turns too
     ]
     assert seen[2] == rollout.prompt + rollout.completion[:4]
     assert rollout.stop_reason == "max_turns"

@@ -3,8 +3,10 @@
 A subclass implements ``env_response(messages, state)`` and, if it needs per-episode data,
 ``setup_state(state)``. Stop conditions are methods decorated with ``@stop``; they are checked
 before every model turn and right after it, highest ``priority`` first, and the first that holds
-names the rollout's ``stop_reason``. ``env_response`` may also end the episode itself by
-returning ``Final(messages)``: those messages are appended and no model turn follows.
+names the rollout's ``stop_reason``. Unless one holds, ``env_response`` answers every model
+reply — the one that reaches ``max_turns`` too, so the environment can act on it — and the
+episode then ends with stop reason ``max_turns``. ``env_response`` may also end the episode
+itself by returning ``Final(messages)``: those messages are appended and no model turn follows.
 """
 
 from __future__ import annotations
@@ -153,8 +155,10 @@ class MultiTurnEnv(Environment):
             rollout.usage += response.usage
             rollout.timing.model += model_time
             state.turn += 1
-            if await self._stopped(rollout, messages, state) or self._at_turn_cap(rollout, state):
+            if await self._stopped(rollout, messages, state):
                 return
+            # the environment answers every reply, the last one before max_turns too, so that
+            # it can act on it (a game's final move is played and scored); the cap applies next
             t0 = time.perf_counter()
             ok, out = await self._env_step(rollout, "env_response", self.env_response(messages, state))
             turn.env_time = time.perf_counter() - t0
