@@ -15,7 +15,7 @@ import pytest
 import palaestra as pa
 from palaestra.registry import installed_environments
 
-BUNDLED = ("reverse_text", "double_check")
+BUNDLED = ("reverse_text", "double_check", "tictactoe")
 
 
 @pytest.fixture(scope="module", autouse=True)

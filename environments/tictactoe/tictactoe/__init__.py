@@ -1,0 +1,30 @@
+"""Tic-tac-toe: the reference environment of ``specs/tictactoe.md``.
+
+``load_environment`` builds it; ``random_player``, ``optimal_player``, ``heuristic_player`` and
+``noisy_player(p)`` are scripted "models" for ``ScriptedClient`` or the CLI
+(``-m scripted:tictactoe:optimal_player``).
+"""
+
+from tictactoe.env import TicTacToeEnv, load_environment, make_dataset, opponent_move
+from tictactoe.game import EMPTY_BOARD, free_cells, parse_board, play, render, winner
+from tictactoe.players import (
+    Move,
+    heuristic_move,
+    heuristic_player,
+    noisy,
+    noisy_player,
+    optimal_move,
+    optimal_player,
+    random_move,
+    random_player,
+    scripted,
+)
+from tictactoe.protocol import read_move
+from tictactoe.solver import optimal_moves, value
+
+__all__ = [
+    "EMPTY_BOARD", "Move", "TicTacToeEnv", "free_cells", "heuristic_move", "heuristic_player",
+    "load_environment", "make_dataset", "noisy", "noisy_player", "opponent_move", "optimal_move",
+    "optimal_moves", "optimal_player", "parse_board", "play", "random_move", "random_player",
+    "read_move", "render", "scripted", "value", "winner",
+]  # fmt: skip
