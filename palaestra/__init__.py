@@ -53,3 +53,12 @@ __all__ = [
     "XMLParser", "__version__", "derive_seed", "evaluate", "group_reward", "installed_environments",
     "load_environment", "load_run", "stop",
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> object:
+    """``pa.LocalClient`` is imported on first use: it needs torch and transformers (the local extra)."""
+    if name in ("LocalClient", "LocalStats"):
+        from palaestra.clients import local
+
+        return getattr(local, name)
+    raise AttributeError(f"module 'palaestra' has no attribute {name!r}")

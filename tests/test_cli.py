@@ -71,7 +71,7 @@ async def test_eval_against_an_http_server(tmp_path: Path) -> None:
         (["eval", "reverse_text", "-m", "scripted:reverse_text:missing"], "cannot load"),
         (["eval", "reverse_text", "-m", "x", "-r", "0"], "-r must be at least 1"),
         (["eval", "reverse_text", "-m", "x", "-n", "0"], "no examples to run"),
-        (["eval", "reverse_text", "-m", "smollm2"], "local models are not supported yet"),
+        (["eval", "reverse_text", "-m", "local:/no/such/model"], "/no/such/model"),
         (
             ["eval", "reverse_text", "-m", "x", "-S", '{"bogus_field": 1, "top_p": "x"}', "-t", "0"],
             "max_tokens",
@@ -99,12 +99,12 @@ def test_missing_api_key_fails_before_any_request(
     assert "set the environment variable MY_KEY" in capsys.readouterr().err
 
 
-def test_wrong_flag_and_missing_model_are_usage_errors() -> None:
+def test_wrong_flag_and_missing_env_are_usage_errors() -> None:
     bad_flag = run_cli("eval", "reverse_text", "-m", "x", "--no-such-flag")
     assert bad_flag.returncode == 2 and "unrecognized arguments: --no-such-flag" in bad_flag.stderr
-    no_model = run_cli("eval", "reverse_text")
-    assert no_model.returncode == 2 and "give an environment and -m MODEL" in no_model.stderr
-    assert "Traceback" not in bad_flag.stderr + no_model.stderr
+    no_env = run_cli("eval", "-m", "x")
+    assert no_env.returncode == 2 and "give an environment (or --resume RUN_DIR)" in no_env.stderr
+    assert "Traceback" not in bad_flag.stderr + no_env.stderr
 
 
 def test_envs_lists_the_bundled_environments(capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,3 +151,9 @@ async def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path: Path) -> None:
     (run_dir,) = (tmp_path / "evals").glob("*/*")
     assert err.decode().strip() == f"interrupted; resume with: palaestra eval --resume {run_dir}"
     assert '"status": "interrupted"' in (run_dir / "metadata.json").read_text()
+
+
+def test_serve_with_a_missing_model_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "local:/no/such/model", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("palaestra: error:") and "/no/such/model" in err and err.count("\n") == 1

@@ -255,9 +255,9 @@ def test_resume_of_a_missing_or_foreign_directory(tmp_path: Path, capsys: pytest
     assert "not a run directory (no metadata.json)" in capsys.readouterr().err
 
 
-def test_eval_without_env_or_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", "reverse_text"]) == 2
-    assert "give an environment and -m MODEL" in capsys.readouterr().err
+def test_eval_without_an_environment_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "-m", "scripted:reverse_text:oracle"]) == 2
+    assert "give an environment (or --resume RUN_DIR)" in capsys.readouterr().err
 
 
 def test_report_command_writes_one_page_for_several_runs(

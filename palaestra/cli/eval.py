@@ -15,6 +15,7 @@ from rich.console import Console
 
 import palaestra as pa
 from palaestra.cli.common import (
+    DEFAULT_MODEL,
     UsageError,
     add_client_arguments,
     close_client,
@@ -49,8 +50,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.resume is not None:
         settings = _resume_settings(args)
     else:
-        if not args.env or not args.model:
-            raise UsageError("give an environment and -m MODEL (or --resume RUN_DIR)")
+        if not args.env:
+            raise UsageError("give an environment (or --resume RUN_DIR)")
         settings = _fresh_settings(args)
     for flag, value in (("-r", settings["r"]), ("-c", settings["max_concurrent"])):
         if value < 1:
@@ -112,7 +113,7 @@ def _fresh_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "env_id": args.env,
         "env_args": env_args,
-        "model": args.model,
+        "model": args.model or DEFAULT_MODEL,
         "base_url": args.base_url,
         "api_key_var": args.api_key_var,
         "n": args.num_examples if args.num_examples is not None else defaults.get("num_examples", 5),

@@ -24,3 +24,12 @@ __all__ = [
     "ScriptedClient",
     "TransientModelError",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``LocalClient`` is imported on first use: it needs torch and transformers (the local extra)."""
+    if name in ("LocalClient", "LocalStats"):
+        from palaestra.clients import local
+
+        return getattr(local, name)
+    raise AttributeError(f"module 'palaestra.clients' has no attribute {name!r}")
