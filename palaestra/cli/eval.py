@@ -99,9 +99,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from palaestra.data.rollouts import save_dataset
 
         save_dataset(run.rollouts, args.save_dataset)
-        console.print(f"dataset: {args.save_dataset}")
+        console.print(f"dataset: {args.save_dataset}", soft_wrap=True)
     if run.path is not None:
-        console.print(f"saved: {run.path}")
+        console.print(f"saved: {run.path}", soft_wrap=True)
     return 0
 
 
