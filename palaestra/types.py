@@ -23,7 +23,7 @@ def derive_seed(*parts: int | str) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sampling:
     """Sampling arguments for one model request; ``None`` means "the server's default".
 
@@ -57,17 +57,33 @@ class Usage:
 
 @dataclass
 class ModelResponse:
-    """One assistant reply. ``token_ids``/``logprobs`` are the completion's, when the backend gives them."""
+    """One assistant reply. ``token_ids``/``logprobs`` are the completion's, when the backend gives them;
+    ``prompt_token_ids`` are the exact ids the reply was sampled after (the rendered prompt)."""
 
     message: Message
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    prompt_token_ids: list[int] | None = None
 
     @property
     def content(self) -> str:
         return self.message.get("content") or ""
+
+
+@dataclass
+class ChatChunk:
+    """A piece of a reply while it is generated (``chat_stream``): new text and the tokens behind it.
+
+    ``text`` may be empty while a multi-token character or a possible stop string is held back.
+    The last chunk carries the whole reply as ``response`` (its text is the join of every chunk's).
+    """
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    response: ModelResponse | None = None
 
 
 @dataclass
@@ -95,6 +111,7 @@ class Turn:
     usage: Usage = field(default_factory=Usage)
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    prompt_token_ids: list[int] | None = None
     model_time: float = 0.0
     env_time: float = 0.0
 

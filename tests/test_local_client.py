@@ -7,30 +7,21 @@ on generated sentences and a ChatML chat template that takes tools; nothing is d
 from __future__ import annotations
 
 import asyncio
-import os
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # models here are built locally; nothing may be downloaded
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+
+from conftest import WORDS  # noqa: E402
 
 import palaestra as pa  # noqa: E402 - after the skips: these tests need torch and transformers
 from palaestra.clients.base import ModelError  # noqa: E402
 from palaestra.clients.local import CPU_DTYPE, LocalClient, pick_dtype  # noqa: E402
 
-CHATML = (
-    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
-    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-WORDS = (
-    "the a cat dog bird sat ran flew on under over mat tree house red blue big small one two three".split()
-)
 TOOL = {
     "type": "function",
     "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
@@ -41,43 +32,9 @@ def user(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Llama and its trained tokenizer, saved as a model directory."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    rng = random.Random(0)
-    sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) + "." for _ in range(400)]
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    specials = ["<|pad|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    bpe.train_from_iterator(sentences, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|pad|>")
-    tokenizer.chat_template = CHATML
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=256,
-        initializer_range=0.2,  # peaked distributions, like a trained model's
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+@pytest.fixture
+def model_dir(tiny_model_dir: Path) -> Path:
+    return tiny_model_dir
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -369,49 +370,11 @@ def test_serve_fails_fast_on_a_taken_port() -> None:
             serve(pa.ScriptedClient(lambda: "x"), port=taken.getsockname()[1])
 
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def tiny_model() -> tuple[Any, Any]:
-    """A 1-layer random Llama and a byte-level BPE tokenizer trained here, as in test_local_client.py."""
-    tokenizers = pytest.importorskip("tokenizers")
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    byte_level = tokenizers.pre_tokenizers.ByteLevel
-    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer, bpe.decoder = byte_level(add_prefix_space=False), tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=byte_level.alphabet(),
-    )
-    bpe.train_from_iterator(["hello there, how are you? user assistant system"] * 20, trainer)
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = CHATML
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return transformers.LlamaForCausalLM(config), tokenizer
-
-
-async def test_serving_a_local_model() -> None:
+async def test_serving_a_local_model(tiny_model_dir: Path) -> None:
     """LocalClient behind the server gives over HTTP exactly what it gives in-process."""
     local = pytest.importorskip("palaestra.clients.local")
-    hf_model, tokenizer = tiny_model()
-    client = local.LocalClient.from_model(hf_model, tokenizer, name="tiny")
+    client = local.LocalClient(tiny_model_dir, name="tiny")
+    tokenizer = client.tokenizer
     sampling = pa.Sampling(max_tokens=8, seed=3, logprobs=True)
     try:
         direct = await client.chat(USER, sampling=sampling)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
-from palaestra.types import Messages, ModelResponse, Sampling
+from palaestra.types import ChatChunk, Messages, ModelResponse, Sampling
 
 
 @runtime_checkable
@@ -16,6 +17,18 @@ class ModelClient(Protocol):
     async def chat(
         self, messages: Messages, *, tools: list[dict[str, Any]] | None = None, sampling: Sampling
     ) -> ModelResponse: ...
+
+
+@runtime_checkable
+class StreamingClient(ModelClient, Protocol):
+    """A client that can also stream a reply as it is generated.
+
+    Closing the iterator early (or cancelling the task iterating it) cancels the generation.
+    """
+
+    def chat_stream(
+        self, messages: Messages, *, tools: list[dict[str, Any]] | None = None, sampling: Sampling
+    ) -> AsyncIterator[ChatChunk]: ...
 
 
 class ModelError(Exception):

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import os
 import random
 import threading
@@ -46,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from palaestra import chat_template
 from palaestra.clients.base import ModelError
 from palaestra.types import Messages, ModelResponse, Sampling, Usage
 
@@ -200,8 +200,7 @@ class LocalClient:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         if temperature < 0 or not 0 < top_p <= 1 or top_k < -1:
             raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= -1 (got {sampling})")
-        template = self.tokenizer.chat_template  # a string, or a dict of named templates
-        if tools and "tools" not in (template if isinstance(template, str) else " ".join(template.values())):
+        if tools and not chat_template.takes_tools(self.tokenizer):
             raise ValueError(f"the chat template of {self.model} does not take tools")
         stop = [sampling.stop] if isinstance(sampling.stop, str) else [s for s in sampling.stop or [] if s]
         seed = self._entropy.getrandbits(63) if sampling.seed is None else sampling.seed
@@ -274,10 +273,7 @@ class LocalClient:
 
     def render(self, messages: Messages, tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text the model sees: the chat template with the generation prompt."""
-        extra = {"tools": tools} if tools else {}
-        return self.tokenizer.apply_chat_template(
-            _template_messages(messages), add_generation_prompt=True, tokenize=False, **extra
-        )
+        return chat_template.render(self.tokenizer, messages, tools=tools)
 
     async def aclose(self) -> None:
         """Wait for the batch in flight, then stop the worker thread; later chats raise ``ModelError``."""
@@ -300,8 +296,9 @@ class LocalClient:
             rows = []
             for request in batch:
                 try:
-                    text = self.render(request.messages, request.tools)
-                    request.prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+                    request.prompt_ids = chat_template.prompt_ids(
+                        self.tokenizer, request.messages, tools=request.tools
+                    )
                     if self._context is not None:
                         room = self._context - len(request.prompt_ids)
                         if room < 1:
@@ -388,7 +385,14 @@ class LocalClient:
     def _reply(self, request: _Request, text: str, finish: str) -> bool:
         usage = Usage(prompt_tokens=len(request.prompt_ids), completion_tokens=len(request.token_ids))
         message = {"role": "assistant", "content": text}
-        reply = ModelResponse(message, finish, usage, token_ids=request.token_ids, logprobs=request.logprobs)
+        reply = ModelResponse(
+            message,
+            finish,
+            usage,
+            token_ids=request.token_ids,
+            logprobs=request.logprobs,
+            prompt_token_ids=request.prompt_ids,
+        )
         self._answer(request, reply)
         return True
 
@@ -460,21 +464,3 @@ def pick_dtype(dtype: DTypeName, device: torch.device) -> torch.dtype:
     if dtype not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, not {dtype!r}")
     return getattr(torch, dtype)
-
-
-def _template_messages(messages: Messages) -> Messages:
-    """Messages as chat templates expect them: text content, tool-call arguments as dicts."""
-    out = []
-    for message in messages:
-        message = {**message, "content": message.get("content") or ""}
-        if message.get("tool_calls"):
-            calls = []
-            for call in message["tool_calls"]:
-                function = dict(call.get("function") or {})
-                if isinstance(function.get("arguments"), str):
-                    with contextlib.suppress(json.JSONDecodeError):
-                        function["arguments"] = json.loads(function["arguments"])
-                calls.append({**call, "function": function})
-            message["tool_calls"] = calls
-        out.append(message)
-    return out

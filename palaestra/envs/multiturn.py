@@ -149,6 +149,7 @@ class MultiTurnEnv(Environment):
                 usage=response.usage,
                 token_ids=response.token_ids,
                 logprobs=response.logprobs,
+                prompt_token_ids=response.prompt_token_ids,
                 model_time=model_time,
             )
             rollout.turns.append(turn)
