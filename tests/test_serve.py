@@ -333,7 +333,7 @@ async def test_palaestra_eval_runs_over_the_server(transport: str) -> None:
     env = pa.SingleTurnEnv(dataset=rows, system_prompt="Add.", rubric=pa.Rubric([correct]))
     async with running(pa.ScriptedClient(answer, model="adder")) as url:
         async with pa.OpenAIClient("adder", base_url=url, transport=transport) as client:
-            rollouts = await env.run(client, rollouts_per_example=2, max_concurrent=4, seed=1)
+            rollouts = await env.run(client, pa.RunSpec(rollouts_per_example=2, max_concurrent=4, seed=1))
     assert len(rollouts) == 12 and all(r.error is None for r in rollouts)
     assert [r.reward for r in rollouts] == [1.0] * 12
     assert all(r.usage.completion_tokens == 1 for r in rollouts)
