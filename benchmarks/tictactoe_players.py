@@ -1,6 +1,6 @@
 """The tic-tac-toe evaluation protocol for the scripted players, written into the env's README.
 
-Protocol (``specs/tictactoe.md``): 100 games, one rollout each, against the optimal opponent and
+Protocol (the reference game's evaluation protocol): 100 games, one rollout each, against the optimal opponent and
 against the random opponent; report wins / draws / losses, format rate, share of games with an
 invalid move, and mean reward. Each game runs through ``env.run`` with a ``ScriptedClient``, the
 same path as ``palaestra eval tictactoe -m scripted:tictactoe:NAME -a '{"opponent": ...}'``.

@@ -40,6 +40,7 @@ from palaestra.types import (
     Timing,
     Turn,
     Usage,
+    content_text,
     derive_seed,
 )
 
@@ -52,7 +53,7 @@ __all__ = [
     "ModelResponse", "ModelTimeout", "MultiTurnEnv", "OpenAIClient", "Parser", "RewardError",
     "Rollout", "RolloutTimeout", "Rubric", "RubricGroup", "RunMetadata", "RunSpec", "Sampling", "ScriptedClient",
     "SingleTurnEnv", "State", "ThinkParser", "Timing", "TransientModelError", "Turn", "Usage",
-    "XMLParser", "__version__", "derive_seed", "evaluate", "group_reward", "installed_environments",
+    "XMLParser", "__version__", "content_text", "derive_seed", "evaluate", "group_reward", "installed_environments",
     "load_environment", "load_run", "stop",
 ]  # fmt: skip
 

@@ -19,6 +19,30 @@ Messages = list[Message]
 SEED_RANGE = 2**63  # seeds are saved as JSON integers, which must fit a signed 64-bit int
 
 
+def content_text(content: Any, *, placeholders: bool = False) -> str:
+    """The text of a message's ``content``: a string as is, ``None`` as "", and for an OpenAI
+    list of content parts the text parts joined (other parts left out, or with ``placeholders``
+    shown as ``<type>``, e.g. ``<image_url>``). The one rule every part of palaestra reads text by."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    parts = []
+    for part in content:
+        if isinstance(part, str):
+            parts.append(part)
+        elif (
+            isinstance(part, dict)
+            and part.get("type", "text") == "text"
+            and isinstance(part.get("text"), str)
+        ):
+            parts.append(part["text"])
+        elif placeholders:
+            kind = part.get("type", "part") if isinstance(part, dict) else type(part).__name__
+            parts.append(f"<{kind}>")
+    return "".join(parts)
+
+
 def derive_seed(*parts: int | str) -> int:
     """A 63-bit seed derived from ``parts``: stable across processes and Python versions."""
     key = ":".join(str(p) for p in parts).encode()

@@ -366,7 +366,9 @@ async def test_raising_on_rollout_propagates_and_cancels_the_rest() -> None:
 class Ask(pa.Environment):
     """A custom episode: two requests per rollout, no limiter, no timeout handling of its own."""
 
-    async def episode(self, client: pa.ModelClient, rollout: Rollout, state: State, sampling: pa.Sampling) -> None:
+    async def episode(
+        self, client: pa.ModelClient, rollout: Rollout, state: State, sampling: pa.Sampling
+    ) -> None:
         for _ in range(2):
             reply = await client.chat(rollout.messages, sampling=sampling)
             rollout.completion.append(reply.message)

@@ -23,10 +23,10 @@ from palaestra.cli.common import (
     make_client,
     make_sampling,
     parse_json_object,
-    run_async,
 )
 from palaestra.cli.eval import add_eval_arguments, cmd_eval
 from palaestra.eval.store import RunStoreError
+from palaestra.runner import run_async
 
 USER_ERRORS = (
     UsageError,

@@ -23,12 +23,12 @@ from palaestra.cli.common import (
     make_client,
     make_sampling,
     parse_json_object,
-    run_async,
 )
 from palaestra.eval.run import evaluate
 from palaestra.eval.store import EvalRun, RunStore
 from palaestra.eval.summary import pick_sample, render_rollout, render_summary
 from palaestra.registry import eval_defaults
+from palaestra.runner import run_async
 from palaestra.types import RunSpec
 
 

@@ -104,7 +104,7 @@ async def test_same_seed_same_rollouts_and_rewards() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_examples": 0}, "num_examples must be an integer of at least 1, got 0"),
+        ({"num_examples": 0}, "num_examples must be an integer ≥ 1, got 0"),
         ({"num_examples": 2.5}, "num_examples"),
         ({"seed": None}, "seed must be an integer"),
         ({"system_prompt": ""}, "system_prompt must be a non-empty string"),

@@ -93,7 +93,7 @@ async def test_format_is_a_metric_not_part_of_the_reward() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_examples": 0}, "num_examples must be an integer of at least 1, got 0"),
+        ({"num_examples": 0}, "num_examples must be an integer ≥ 1, got 0"),
         ({"num_examples": -5}, "num_examples"),
         ({"num_examples": "5"}, "num_examples"),
         ({"num_examples": True}, "num_examples"),
