@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from palaestra.clients.base import ModelClient
@@ -46,7 +46,7 @@ def groups_in_flight(spec: RunSpec) -> int:
 
 async def stream_groups(
     env: Environment, client: ModelClient, examples: Sequence[Example], spec: RunSpec
-) -> AsyncIterator[list[Rollout]]:
+) -> AsyncGenerator[list[Rollout], None]:
     """Yield each example's scored group of rollouts, in the order groups finish."""
     limited = LimitedClient(client, asyncio.Semaphore(spec.max_concurrent))
     sampling = spec.sampling or env.sampling
@@ -80,7 +80,7 @@ async def stream_groups(
 
 async def stream_rollouts(
     env: Environment, client: ModelClient, examples: Sequence[Example], spec: RunSpec
-) -> AsyncIterator[Rollout]:
+) -> AsyncGenerator[Rollout, None]:
     """Yield scored rollouts group by group, in the order groups finish."""
     groups = stream_groups(env, client, examples, spec)
     async with contextlib.aclosing(groups):

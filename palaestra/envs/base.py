@@ -13,7 +13,7 @@ import contextlib
 import copy
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from palaestra.clients.base import ModelClient, ModelError
@@ -158,7 +158,7 @@ class Environment:
             raise DatasetError("no examples to run: the dataset is empty or n is 0")
         return self.examples if n < 0 else self.examples[:n]
 
-    def stream(self, client: ModelClient, spec: RunSpec | None = None) -> AsyncIterator[Rollout]:
+    def stream(self, client: ModelClient, spec: RunSpec | None = None) -> AsyncGenerator[Rollout, None]:
         """Scored rollouts as their groups finish (completion order, not example order)."""
         from palaestra.engine import stream_rollouts
 

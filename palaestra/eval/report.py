@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -29,7 +30,7 @@ def write_report(run_dirs: Sequence[Path], out: Path | None = None) -> Path:
     if not run_dirs:
         raise ValueError("give at least one run directory")
     runs = [load_run(Path(d)) for d in run_dirs]
-    out = Path(out) if out is not None else runs[0].path / "report.html"
+    out = Path(out) if out is not None else Path(run_dirs[0]) / "report.html"
     out.write_text(render_report(runs), encoding="utf-8")
     return out
 
@@ -278,8 +279,10 @@ def _histogram_svg(hist: dict[str, Any] | None) -> str:
 
 def _metric_bars_svg(metrics: dict[str, Any]) -> str:
     """Horizontal bars of each reward function's mean; negative means extend left of zero."""
-    items = [
-        (n, m.get("mean")) for n, m in metrics.items() if isinstance(m, dict) and m.get("mean") is not None
+    items: list[tuple[str, float]] = [
+        (str(n), float(m["mean"]))
+        for n, m in metrics.items()
+        if isinstance(m, dict) and _is_number(m.get("mean"))
     ]
     if not items:
         return '<p class="muted">No reward functions recorded.</p>'
@@ -322,6 +325,10 @@ def _num(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return _e(value)
     return str(value) if isinstance(value, int) else f"{value:.3f}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _kv(d: dict[str, Any]) -> str:

@@ -197,7 +197,7 @@ def pick_sample(rollouts: Sequence[Rollout]) -> Rollout | None:
     ok = [r for r in rollouts if r.error is None and r.reward is not None and not math.isnan(r.reward)]
     if not ok:
         return rollouts[0] if rollouts else None
-    median = sorted(r.reward for r in ok)[(len(ok) - 1) // 2]  # the lower median: an actual reward
+    median = sorted(r.reward for r in ok if r.reward is not None)[(len(ok) - 1) // 2]  # an actual reward
     return min((r for r in ok if r.reward == median), key=lambda r: (r.example_id, r.rollout_index))
 
 
