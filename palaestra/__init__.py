@@ -12,8 +12,10 @@ from palaestra.clients import (
     ModelError,
     ModelHTTPError,
     ModelTimeout,
+    ModelUnavailable,
     OpenAIClient,
     ScriptedClient,
+    StreamingClient,
     TransientModelError,
 )
 from palaestra.envs import DatasetError, Environment, Final, MultiTurnEnv, RolloutTimeout, SingleTurnEnv, stop
@@ -50,9 +52,9 @@ __all__ = [
     "BadResponseError", "BindingError", "ChatChunk", "ClientConfigError", "DatasetError", "Environment",
     "EnvironmentArgsError", "EnvironmentNotFound", "ErrorInfo", "EvalRun", "Example", "Final", "Message",
     "Messages", "ModelClient", "ModelConnectionError", "ModelError", "ModelHTTPError",
-    "ModelResponse", "ModelTimeout", "MultiTurnEnv", "OpenAIClient", "Parser", "RewardError",
+    "ModelResponse", "ModelTimeout", "ModelUnavailable", "MultiTurnEnv", "OpenAIClient", "Parser", "RewardError",
     "Rollout", "RolloutTimeout", "Rubric", "RubricGroup", "RunMetadata", "RunSpec", "Sampling", "ScriptedClient",
-    "SingleTurnEnv", "State", "ThinkParser", "Timing", "TransientModelError", "Turn", "Usage",
+    "SingleTurnEnv", "State", "StreamingClient", "ThinkParser", "Timing", "TransientModelError", "Turn", "Usage",
     "XMLParser", "__version__", "content_text", "derive_seed", "evaluate", "group_reward", "installed_environments",
     "load_environment", "load_run", "stop",
 ]  # fmt: skip

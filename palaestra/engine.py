@@ -9,6 +9,9 @@
   busy), so finished groups come out steadily from the start of a run and memory stays flat.
 - Every rollout ends with a result or a recorded error; if the consumer stops early, or the run is
   cancelled (Ctrl-C), every pending rollout is cancelled before the generator returns.
+- When ``RunSpec.max_failures_in_a_row`` model requests in a row fail, the server is taken to be
+  gone: the groups already done are yielded, the rest are cancelled, and ``ModelUnavailable``
+  is raised (a resume runs them later).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import math
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from palaestra.clients.base import ModelClient
+from palaestra.clients.base import ModelClient, ModelUnavailable
 from palaestra.clients.limited import LimitedClient
 from palaestra.types import Example, Rollout, RunSpec, Sampling
 
@@ -48,9 +51,14 @@ async def stream_groups(
     env: Environment, client: ModelClient, examples: Sequence[Example], spec: RunSpec
 ) -> AsyncGenerator[list[Rollout], None]:
     """Yield each example's scored group of rollouts, in the order groups finish."""
-    limited = LimitedClient(client, asyncio.Semaphore(spec.max_concurrent))
+    done: asyncio.Queue[asyncio.Task[list[Rollout]] | Exception] = asyncio.Queue()
+    limited = LimitedClient(
+        client,
+        asyncio.Semaphore(spec.max_concurrent),
+        max_failures_in_a_row=spec.max_failures_in_a_row,
+        on_give_up=done.put_nowait,  # the last error, queued behind the groups already done
+    )
     sampling = spec.sampling or env.sampling
-    done: asyncio.Queue[asyncio.Task[list[Rollout]]] = asyncio.Queue()
     running: set[asyncio.Task[list[Rollout]]] = set()
     todo: Iterator[Example] = iter(examples)
 
@@ -69,6 +77,12 @@ async def stream_groups(
     try:
         for _ in range(len(examples)):
             finished = await done.get()
+            if isinstance(finished, Exception):
+                n = spec.max_failures_in_a_row
+                raise ModelUnavailable(
+                    f"stopped: {n} model requests in a row failed; the last with "
+                    f"{type(finished).__name__}: {finished}"
+                ) from finished
             running.discard(finished)
             start_next()
             yield finished.result()

@@ -9,6 +9,7 @@ at once: each argument is then a list (one entry per rollout) and it returns a l
 
 Weight 0 makes a function a metric: recorded, not part of the reward. A function that raises is
 recorded as that rollout's error (stage ``scoring``) and its reward is ``None`` — never scored 0.
+A rollout that failed before scoring (model, environment, timeout) is not scored at all.
 """
 
 from __future__ import annotations
@@ -91,10 +92,22 @@ class Rubric:
         self._binders = [Binder(f, available, what="reward function") for f in self.funcs]
 
     async def score_group(self, rollouts: Sequence[Rollout], examples: Sequence[Example]) -> None:
-        """Set ``reward`` and ``metrics`` on each rollout of one group, in place."""
+        """Set ``reward`` and ``metrics`` on each rollout of one group, in place.
+
+        A rollout that already failed (a model, environment or timeout error) is not scored: its
+        reward stays ``None`` and group functions see only the others.
+        """
         if self._binders is None:
             self.bind(list(examples[0].row) if examples else [])
         assert self._binders is not None
+        ok = [i for i, r in enumerate(rollouts) if r.error is None]
+        if len(ok) < len(rollouts):
+            for rollout in rollouts:
+                if rollout.error is not None:
+                    rollout.reward = None
+            rollouts, examples = [rollouts[i] for i in ok], [examples[i] for i in ok]
+            if not rollouts:
+                return
         start = time.perf_counter()
         values = [self._values(r, e) for r, e in zip(rollouts, examples, strict=True)]
         failed: dict[int, ErrorInfo] = {}

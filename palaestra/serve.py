@@ -254,19 +254,24 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     model_name: str | None = None,
+    model_names: Sequence[str] | None = None,
     api_key: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> None:
     """Serve ``client`` until SIGINT/SIGTERM, printing ``serving MODEL at URL`` once listening.
 
+    The server answers to ``model_names`` (default: ``model_name`` or the client's own name).
     Port 0 picks a free port (the line shows it). Raises ``OSError`` if the address cannot be
     bound (e.g. the port is taken). On a signal, requests in flight get 2 s to finish.
     """
-    name = model_name or client.model
-    app = create_app(client, model_names=[name], api_key=api_key)
+    names = list(dict.fromkeys(model_names or [model_name or client.model]))
+    app = create_app(client, model_names=names, api_key=api_key, max_body_bytes=max_body_bytes)
 
     async def main() -> None:
         runner, url = await start(app, host, port)
-        print(f"serving {name} at {url}", flush=True)
+        also = f" (also as {', '.join(names[1:])})" if len(names) > 1 else ""
+        key = "; requests need the API key" if api_key else ""
+        print(f"serving {names[0]}{also} at {url}{key}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

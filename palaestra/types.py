@@ -70,6 +70,12 @@ class Sampling:
         def bad(name: str, what: str) -> ValueError:
             return ValueError(f"sampling {name} must be {what}, got {getattr(self, name)!r}")
 
+        if self.max_tokens is not None and (
+            isinstance(self.max_tokens, bool)
+            or not isinstance(self.max_tokens, int)
+            or not 1 <= self.max_tokens < 2**31
+        ):
+            raise bad("max_tokens", "an integer in [1, 2**31)")
         for name in ("temperature", "top_p"):
             value = getattr(self, name)
             if value is None:
@@ -80,10 +86,6 @@ class Sampling:
             raise bad("temperature", ">= 0")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise bad("top_p", "in (0, 1]")
-        if self.max_tokens is not None and (
-            isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
-        ):
-            raise bad("max_tokens", "an integer >= 1")
         if isinstance(self.stop, str):  # one stop string, as the OpenAI API also accepts
             object.__setattr__(self, "stop", [self.stop])
         if self.stop is not None and not (
@@ -117,7 +119,9 @@ class RunSpec:
 
     The one description of a run that ``Environment.run``, ``evaluate``, the CLI and the trainers
     all take, and that a saved run keeps. ``num_examples`` is the first n examples (-1: all);
-    ``sampling`` ``None`` means the environment's own.
+    ``sampling`` ``None`` means the environment's own. After ``max_failures_in_a_row`` model
+    requests in a row fail (after the client's retries) the run stops with ``ModelUnavailable``
+    rather than record an error for every remaining rollout (0: never stop).
     """
 
     num_examples: int = -1
@@ -125,9 +129,16 @@ class RunSpec:
     max_concurrent: int = 32
     seed: int = 0
     sampling: Sampling | None = None
+    max_failures_in_a_row: int = 20
 
     def __post_init__(self) -> None:
-        for name, low in (("num_examples", -1), ("rollouts_per_example", 1), ("max_concurrent", 1)):
+        counts = (
+            ("num_examples", -1),
+            ("rollouts_per_example", 1),
+            ("max_concurrent", 1),
+            ("max_failures_in_a_row", 0),
+        )
+        for name, low in counts:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -308,8 +319,21 @@ class Rollout:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Rollout:
+    def from_dict(cls, data: Any) -> Rollout:
+        """Read ``to_dict``'s output back; ``ValueError``/``TypeError`` if ``data`` is not one."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a rollout must be a JSON object, not {type(data).__name__}")
         data = dict(data)
+        for key in ("example_id", "rollout_index", "seed"):
+            if isinstance(data.get(key), bool) or not isinstance(data.get(key), int):
+                raise ValueError(f"{key!r} must be an integer, got {data.get(key)!r:.50}")
+        for key, kind in (("prompt", list), ("completion", list), ("turns", list), ("state", dict),
+                          ("info", dict), ("metrics", dict), ("usage", dict), ("timing", dict)):  # fmt: skip
+            if key in data and not isinstance(data[key], kind):
+                raise ValueError(f"{key!r} must be a JSON {'array' if kind is list else 'object'}")
+        reward = data.get("reward")
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+            raise ValueError(f"'reward' must be a number or null, got {reward!r:.50}")
         data["turns"] = [Turn(**{**t, "usage": Usage(**t.get("usage", {}))}) for t in data.get("turns", [])]
         data["usage"] = Usage(**data.get("usage", {}))
         data["timing"] = Timing(**data.get("timing", {}))

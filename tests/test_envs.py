@@ -152,7 +152,8 @@ def test_select_takes_the_first_n_examples() -> None:
     env = SingleTurnEnv(dataset=[{"question": str(i)} for i in range(5)])
     assert [e.id for e in env.select(3)] == [0, 1, 2]
     assert [e.id for e in env.select()] == [0, 1, 2, 3, 4]
-    assert [e.id for e in env.select(10)] == [0, 1, 2, 3, 4]
+    with pytest.raises(DatasetError, match="asked for 10 examples but the dataset has 5"):
+        env.select(10)  # never fewer than asked for, silently
     with pytest.raises(DatasetError):
         env.select(0)
     with pytest.raises(DatasetError):

@@ -52,10 +52,13 @@ def test_reward_mean_std_and_ci_match_hand_computed_values() -> None:
     reward = s["reward"]
     assert reward["mean"] == pytest.approx(0.4)
     assert reward["std"] == pytest.approx(0.2)  # sample std: divides by n - 1
-    half = 4.302653 * 0.2 / math.sqrt(3)  # t(0.975, 2)
-    assert reward["ci95"] == pytest.approx([0.4 - half, 0.4 + half], abs=1e-6)
+    half = 4.302653 * 0.2 / math.sqrt(3)  # t(0.975, 2): 0.497, wider than the rewards seen
+    assert reward["ci95"] == [0.2, 0.6]  # so clipped to them
     assert (reward["min"], reward["max"], reward["n"]) == (0.2, 0.6, 3)
     assert (s["n_rollouts"], s["n_examples"], s["rollouts_per_example"]) == (3, 1, 3)
+    many = summarize(group([0.0, 1.0] * 20), rollouts_per_example=40)["reward"]
+    half = 2.022691 * many["std"] / math.sqrt(40)  # t(0.975, 39); narrow enough to stay unclipped
+    assert many["ci95"] == pytest.approx([0.5 - half, 0.5 + half], abs=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -254,7 +257,7 @@ def test_render_summary_shows_the_key_numbers_in_plain_text_within_80_columns() 
         "tictactoe",
         "0.667",  # reward mean
         "0.577",  # reward std
-        "[-0.768, 2.101]",  # 95% CI
+        "[0.000, 1.000]",  # 95% CI: [-0.768, 2.101] clipped to the rewards seen
         "correct",
         "pass@1 0.500",
         "pass@2 1.000",

@@ -7,6 +7,7 @@ server) gets one clear line on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import palaestra as pa
 from palaestra.cli.common import (
     DEFAULT_MODEL,
     LOCAL_PREFIX,
+    ClientOptions,
     UsageError,
     add_client_arguments,
     close_client,
@@ -24,10 +26,11 @@ from palaestra.cli.common import (
     make_sampling,
     parse_json_object,
 )
-from palaestra.cli.eval import add_eval_arguments, cmd_eval
+from palaestra.cli.eval import Stopped, add_eval_arguments, cmd_eval
 from palaestra.eval.store import RunStoreError
 from palaestra.runner import run_async
 
+API_KEY_VAR = "PALAESTRA_API_KEY"
 USER_ERRORS = (
     UsageError,
     pa.EnvironmentNotFound,
@@ -48,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         print(str(exc) or "interrupted", file=sys.stderr)
         return 130
+    except Stopped as exc:
+        print(f"palaestra: {exc}", file=sys.stderr)
+        return 1
     except USER_ERRORS as exc:
         print(f"palaestra: error: {exc}", file=sys.stderr)
         return 2
@@ -82,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     serve.add_argument("--max-batch-size", type=int, default=64)
+    serve.add_argument(
+        "--served-model-name", action="append", default=[], metavar="NAME",
+        help="another model name to answer to (repeatable); the MODEL argument is always one",
+    )  # fmt: skip
+    serve.add_argument(
+        "--api-key-var", default=API_KEY_VAR,
+        help=f"require 'Authorization: Bearer KEY' with KEY from this env var (default {API_KEY_VAR}, if set)",
+    )  # fmt: skip
+    serve.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body accepted (16)")
     serve.set_defaults(func=cmd_serve)
 
     init = sub.add_parser("init", help="create a new environment package")
@@ -107,7 +122,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     play = getattr(env, "play_interactive", None)
     if play is None:
         raise UsageError(f"environment {args.env!r} has no interactive mode")
-    client = make_client(args.model or DEFAULT_MODEL, args.base_url, args.api_key_var, 1)
+    client = make_client(ClientOptions.from_args(args, args.model or DEFAULT_MODEL), 1)
     sampling = make_sampling(env.sampling, args)
 
     async def session() -> None:
@@ -136,8 +151,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from palaestra.serve import serve
     except ImportError as exc:
         raise UsageError(str(exc)) from None
+    api_key = os.environ.get(args.api_key_var) or None
+    if args.api_key_var != API_KEY_VAR and api_key is None:
+        raise UsageError(f"--api-key-var {args.api_key_var}: that environment variable is not set")
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"palaestra: warning: serving on {args.host} without an API key: anyone who can reach it can "
+            f"use it (set {API_KEY_VAR} to require one)",
+            file=sys.stderr,
+        )
     client = load_local(args.model.removeprefix(LOCAL_PREFIX), max_batch_size=args.max_batch_size)
-    serve(client, host=args.host, port=args.port)
+    names = [args.model, *args.served_model_name]
+    serve(client, host=args.host, port=args.port, model_names=names, api_key=api_key,
+          max_body_bytes=int(args.max_body_mb * 1024 * 1024))  # fmt: skip
     return 0
 
 

@@ -1,4 +1,4 @@
-"""What the CLI's commands share: one-line usage errors, building clients, JSON flags, the loop."""
+"""What the CLI's commands share: one-line usage errors, building clients, JSON flags."""
 
 from __future__ import annotations
 
@@ -6,13 +6,18 @@ import argparse
 import dataclasses
 import importlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import palaestra as pa
+from palaestra.clients.openai import DEFAULT_BASE_URL
 
-T = TypeVar("T")
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(pa.Sampling)} - {"extra"}
+LOCAL_PREFIX = "local:"
+SCRIPTED_PREFIX = "scripted:"
+DEFAULT_MODEL = "smollm2"
+DEFAULT_KEY_VAR = "OPENAI_API_KEY"
 
 
 class UsageError(Exception):
@@ -24,6 +29,8 @@ def parse_json_object(text: str, flag: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{flag} is not valid JSON ({exc.msg} at position {exc.pos}): {text!r}") from None
+    except RecursionError:
+        raise UsageError(f"{flag} is nested too deeply") from None
     if not isinstance(value, dict):
         raise UsageError(f"{flag} must be a JSON object, got {text!r}")
     return value
@@ -36,15 +43,46 @@ def add_client_arguments(parser: argparse.ArgumentParser, *, model_required: boo
         "or scripted:MODULE:FUNCTION for a Python policy",
     )  # fmt: skip
     parser.add_argument(
-        "-b", "--base-url", default="https://api.openai.com/v1", help="OpenAI-compatible endpoint"
+        "-b", "--base-url", default=None,
+        help=f"OpenAI-compatible endpoint; given, it is always used, even with -m smollm2 "
+        f"(default for API models: {DEFAULT_BASE_URL})",
+    )  # fmt: skip
+    parser.add_argument(
+        "-k", "--api-key-var", default=None, help=f"env var holding the API key (default {DEFAULT_KEY_VAR})"
     )
-    parser.add_argument("-k", "--api-key-var", default="OPENAI_API_KEY", help="env var holding the API key")
+    parser.add_argument("--no-api-key", action="store_true", help="the endpoint needs no API key")
+    parser.add_argument(
+        "--request-timeout", type=float, default=300.0, metavar="SECONDS", help="per request attempt (300)"
+    )
+    parser.add_argument("--max-retries", type=int, default=3, help="retries of a failed request (3)")
     parser.add_argument("-t", "--max-tokens", type=int, default=None)
     parser.add_argument("-T", "--temperature", type=float, default=None)
 
 
-LOCAL_PREFIX = "local:"
-DEFAULT_MODEL = "smollm2"
+@dataclass(frozen=True)
+class ClientOptions:
+    """How to reach the model: what ``make_client`` needs, from the flags or a saved run."""
+
+    model: str
+    base_url: str | None = None  # given: always an OpenAI-compatible endpoint
+    api_key_var: str | None = None
+    no_api_key: bool = False
+    timeout: float = 300.0
+    max_retries: int = 3
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, model: str) -> ClientOptions:
+        if args.api_key_var is not None and not args.api_key_var.strip():
+            raise UsageError("-k needs the name of an environment variable; use --no-api-key for none")
+        if not args.request_timeout > 0:
+            raise UsageError(
+                f"--request-timeout must be a positive number of seconds, got {args.request_timeout}"
+            )
+        if args.max_retries < 0:
+            raise UsageError(f"--max-retries must be at least 0, got {args.max_retries}")
+        return cls(
+            model, args.base_url, args.api_key_var, args.no_api_key, args.request_timeout, args.max_retries
+        )
 
 
 def is_local_model(model: str) -> bool:
@@ -58,11 +96,13 @@ def is_local_model(model: str) -> bool:
     )
 
 
-def make_client(model: str, base_url: str, api_key_var: str, max_concurrent: int = 32) -> pa.ModelClient:
-    """``scripted:MODULE:FUNCTION`` → ScriptedClient; ``smollm2``, ``local:PATH_OR_HUB_ID`` or an
-    existing path → LocalClient (loaded here); anything else → OpenAIClient at ``base_url``."""
-    if model.startswith("scripted:"):
-        target = model.removeprefix("scripted:")
+def make_client(options: ClientOptions, max_concurrent: int = 32) -> pa.ModelClient:
+    """``scripted:MODULE:FUNCTION`` → ScriptedClient; with ``-b`` → OpenAIClient at that endpoint;
+    ``smollm2``, ``local:PATH_OR_HUB_ID`` or an existing path → LocalClient (loaded here); anything
+    else → OpenAIClient at the default endpoint."""
+    model = options.model
+    if model.startswith(SCRIPTED_PREFIX):
+        target = model.removeprefix(SCRIPTED_PREFIX)
         module_name, _, func_name = target.partition(":")
         if not module_name or not func_name:
             raise UsageError(f"-m {model}: expected scripted:MODULE:FUNCTION")
@@ -71,25 +111,43 @@ def make_client(model: str, base_url: str, api_key_var: str, max_concurrent: int
         except (ImportError, AttributeError) as exc:
             raise UsageError(f"-m {model}: cannot load {target} ({exc})") from None
         return pa.ScriptedClient(policy, model=model)
-    if is_local_model(model):
+    if options.base_url is None and is_local_model(model):
         return load_local(model.removeprefix(LOCAL_PREFIX), max_batch_size=max_concurrent)
-    return pa.OpenAIClient(model, base_url=base_url, api_key_var=api_key_var, max_connections=max_concurrent)
+    try:
+        return pa.OpenAIClient(
+            model,
+            base_url=options.base_url or DEFAULT_BASE_URL,
+            api_key_var=options.api_key_var or DEFAULT_KEY_VAR,
+            api_key="" if options.no_api_key else None,
+            timeout=options.timeout,
+            max_retries=options.max_retries,
+            max_connections=max_concurrent,
+        )
+    except pa.ClientConfigError as exc:
+        raise UsageError(str(exc).replace("pass api_key=''", "give --no-api-key")) from None
 
 
 def load_local(model: str, *, max_batch_size: int = 64) -> pa.ModelClient:
-    """A LocalClient for ``model``; a missing extra or model package is one clear line."""
+    """A LocalClient for ``model``; a missing extra, a folder that is not a model or a model that
+    fails to load is one clear line."""
     try:
         from palaestra.clients.local import LocalClient
     except ImportError as exc:
         raise UsageError(
             f"local models need the local extra: pip install 'palaestra[local]' ({exc})"
         ) from None
+    path = Path(model).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise UsageError(
+            f"cannot load local model {model!r}: the folder has no config.json, so it is not a model"
+        )
     try:
-        return LocalClient(model, max_batch_size=max_batch_size)
+        return LocalClient(str(path) if path.exists() else model, max_batch_size=max_batch_size)
     except ImportError as exc:  # e.g. the package that ships the default model's weights
         raise UsageError(str(exc)) from None
-    except OSError as exc:  # transformers: no such directory or hub id
-        raise UsageError(f"cannot load local model {model!r}: {exc}") from None
+    except (OSError, ValueError, KeyError) as exc:  # transformers: no such hub id, a broken folder
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"cannot load local model {model!r}: {first_line}") from None
 
 
 def make_sampling(base: pa.Sampling, args: argparse.Namespace) -> pa.Sampling:
@@ -106,12 +164,10 @@ def make_sampling(base: pa.Sampling, args: argparse.Namespace) -> pa.Sampling:
         changes["max_tokens"] = args.max_tokens
     if args.temperature is not None:
         changes["temperature"] = args.temperature
-    if changes.get("max_tokens") is not None and changes["max_tokens"] < 1:
-        raise UsageError(f"max_tokens must be at least 1, got {changes['max_tokens']}")
     try:
         return base.replace(**changes, extra=extra)
-    except TypeError as exc:
-        raise UsageError(f"-S: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"-S/-t/-T: {exc}") from None
 
 
 async def close_client(client: pa.ModelClient) -> None:

@@ -1,22 +1,29 @@
 """``palaestra eval``: flags → environment, client and sampling → ``evaluate`` → summary on screen.
 
 Everything that can be checked before work starts is checked first (flags, environment and its
-arguments, API key, server reachable), so a mistake costs one line and no compute.
+arguments, the dataset path, API key, server reachable and serving the model), so a mistake
+costs one line and no compute. An interrupted run (Ctrl-C, SIGTERM, SIGHUP, a server that went
+away) is saved and the command prints how to resume it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import dataclass
+import os
+import signal
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 from rich.console import Console
 
 import palaestra as pa
 from palaestra.cli.common import (
     DEFAULT_MODEL,
+    SCRIPTED_PREFIX,
+    ClientOptions,
     UsageError,
     add_client_arguments,
     close_client,
@@ -24,12 +31,14 @@ from palaestra.cli.common import (
     make_sampling,
     parse_json_object,
 )
-from palaestra.eval.run import evaluate
+from palaestra.eval.run import evaluate, resume_plan
 from palaestra.eval.store import EvalRun, RunStore
 from palaestra.eval.summary import pick_sample, render_rollout, render_summary
 from palaestra.registry import eval_defaults
 from palaestra.runner import run_async
 from palaestra.types import RunSpec
+
+RESUME_KEEPS = "-c, -b, -k, --no-api-key, --request-timeout, --max-retries, --max-failures-in-a-row, --quiet, --save-dataset"
 
 
 def add_eval_arguments(ev: argparse.ArgumentParser) -> None:
@@ -40,15 +49,34 @@ def add_eval_arguments(ev: argparse.ArgumentParser) -> None:
     ev.add_argument("-r", "--rollouts-per-example", type=int, default=None, help="default 3")
     ev.add_argument("-c", "--max-concurrent", type=int, default=32, help="model requests in flight")
     ev.add_argument("-S", "--sampling", default=None, help="JSON sampling args, e.g. '{\"top_p\": 0.9}'")
-    ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("-o", "--output-dir", type=Path, default=Path("outputs"))
-    ev.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR", help="finish an interrupted run")
+    ev.add_argument("--seed", type=int, default=None, help="default 0")
+    ev.add_argument(
+        "--max-failures-in-a-row", type=int, default=20, metavar="N",
+        help="stop (resumable) after N model requests in a row fail; 0 never stops (20)",
+    )  # fmt: skip
+    ev.add_argument("-o", "--output-dir", type=Path, default=None, help="default ./outputs")
+    ev.add_argument(
+        "--resume", type=Path, default=None, metavar="RUN_DIR",
+        help=f"finish an interrupted run with its saved settings (may change: {RESUME_KEEPS})",
+    )  # fmt: skip
     ev.add_argument("--save-dataset", type=Path, default=None, metavar="PATH", help="also save a HF dataset")
     ev.add_argument("--quiet", action="store_true", help="plain progress lines, no sample rollout")
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What ``palaestra eval`` runs: from the flags, or from a saved run's metadata."""
+
+    env_id: str
+    env_args: dict[str, Any]
+    client: ClientOptions
+    spec: RunSpec  # sampling None: the environment's, with -S/-t/-T applied
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     console = Console()
+    if args.save_dataset is not None:
+        _check_dataset_path(args.save_dataset)
     if args.resume is not None:
         settings = _resume_settings(args)
     else:
@@ -57,12 +85,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
         settings = _fresh_settings(args)
     env = pa.load_environment(settings.env_id, **settings.env_args)
     spec = settings.spec
-    env.select(spec.num_examples)  # no examples to run is a usage error, found before any request
+    env.select(spec.num_examples)  # too few examples is a usage error, found before any request
     if spec.sampling is None:
         spec = spec.replace(sampling=make_sampling(env.sampling, args))
-    client = make_client(settings.model, settings.base_url, settings.api_key_var, spec.max_concurrent)
+    if args.resume is not None:
+        _say_what_resume_does(console, args.resume, env, spec)
+    client = make_client(settings.client, spec.max_concurrent)
+    started: list[Path] = [args.resume] if args.resume is not None else []
 
     async def go() -> EvalRun:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        assert task is not None
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # like Ctrl-C: save, then say how to resume
+            loop.add_signal_handler(sig, task.cancel)
         try:
             if isinstance(client, pa.OpenAIClient):
                 await client.check()
@@ -70,11 +106,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 env,
                 client,
                 spec,
-                output_dir=args.output_dir,
+                output_dir=args.output_dir or Path("outputs"),
                 env_id=settings.env_id,
                 env_args=settings.env_args,
                 resume=args.resume,
                 progress=None if args.quiet else True,
+                on_start=started.append,
             )
         finally:
             await close_client(client)
@@ -82,10 +119,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         run = run_async(go())
     except (KeyboardInterrupt, asyncio.CancelledError):
-        saved = _latest_run(args, settings)
-        hint = f"; resume with: palaestra eval --resume {saved}" if saved else ""
-        raise KeyboardInterrupt(f"interrupted{hint}") from None
-    title = f"{settings.env_id} · {settings.model} · {run.metadata.counts['saved']} rollouts"
+        raise KeyboardInterrupt(f"interrupted{_resume_hint(started)}") from None
+    except pa.ModelUnavailable as exc:
+        raise Stopped(f"{exc}{_resume_hint(started)}") from None
+    title = f"{settings.env_id} · {settings.client.model} · {run.metadata.counts['saved']} rollouts"
     render_summary(console, run.summary, title=title)
     sample = pick_sample(run.rollouts)
     if sample is not None and not args.quiet:
@@ -100,16 +137,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What ``palaestra eval`` runs: from the flags, or from a saved run's metadata."""
+class Stopped(Exception):
+    """The run stopped early for a reason outside the user's input (a server that went away)."""
 
-    env_id: str
-    env_args: dict[str, Any]
-    model: str
-    base_url: str
-    api_key_var: str
-    spec: RunSpec  # sampling None: the environment's, with -S/-t/-T applied
+
+def _resume_hint(started: list[Path]) -> str:
+    return f"; resume with: palaestra eval --resume {started[0]}" if started else ""
 
 
 def _fresh_settings(args: argparse.Namespace) -> Settings:
@@ -117,55 +150,90 @@ def _fresh_settings(args: argparse.Namespace) -> Settings:
     env_args = (
         parse_json_object(args.env_args, "-a") if args.env_args is not None else defaults.get("env_args", {})
     )
+    try:
+        orjson.dumps(env_args)
+    except TypeError as exc:  # e.g. an integer beyond 64 bits, which no saved run could hold
+        raise UsageError(f"-a: {exc}") from None
     n = args.num_examples if args.num_examples is not None else defaults.get("num_examples", 5)
     r = args.rollouts_per_example
     r = r if r is not None else defaults.get("rollouts_per_example", 3)
+    spec = _spec(
+        num_examples=n,
+        rollouts_per_example=r,
+        max_concurrent=args.max_concurrent,
+        seed=args.seed if args.seed is not None else 0,
+        max_failures_in_a_row=args.max_failures_in_a_row,
+    )
+    return Settings(args.env, env_args, ClientOptions.from_args(args, args.model or DEFAULT_MODEL), spec)
+
+
+def _spec(**fields: Any) -> RunSpec:
+    """A RunSpec whose errors name the command's flags."""
     try:
-        spec = RunSpec(
-            num_examples=n, rollouts_per_example=r, max_concurrent=args.max_concurrent, seed=args.seed
-        )
+        return RunSpec(**fields)
     except ValueError as exc:
-        raise UsageError(_flag_error(str(exc))) from None
-    return Settings(args.env, env_args, args.model or DEFAULT_MODEL, args.base_url, args.api_key_var, spec)
-
-
-def _flag_error(message: str) -> str:
-    """A RunSpec error in the terms of the command's flags."""
-    for name, flag in (("num_examples", "-n"), ("rollouts_per_example", "-r"), ("max_concurrent", "-c"),
-                       ("seed", "--seed")):  # fmt: skip
-        if message.startswith(name):
-            return flag + message.removeprefix(name)
-    return message
+        message = str(exc)
+        for name, flag in (("num_examples", "-n"), ("rollouts_per_example", "-r"), ("max_concurrent", "-c"),
+                           ("seed", "--seed"), ("max_failures_in_a_row", "--max-failures-in-a-row")):  # fmt: skip
+            if message.startswith(name):
+                message = flag + message.removeprefix(name)
+        raise UsageError(message) from None
 
 
 def _resume_settings(args: argparse.Namespace) -> Settings:
-    """The saved run's own settings; only -c (concurrency) and -k (key variable) may change."""
+    """The saved run's own settings; only how the model is reached and the concurrency may change."""
     meta = RunStore.open(args.resume).read_metadata()
-    given = [flag for flag, value in (("ENV", args.env), ("-m", args.model), ("-a", args.env_args),
-             ("-n", args.num_examples), ("-r", args.rollouts_per_example), ("-S", args.sampling),
-             ("-t", args.max_tokens), ("-T", args.temperature)) if value is not None]  # fmt: skip
+    given = [flag for flag, value in (("ENV", args.env), ("-a", args.env_args), ("-n", args.num_examples),
+             ("-r", args.rollouts_per_example), ("-S", args.sampling), ("-t", args.max_tokens),
+             ("-T", args.temperature), ("--seed", args.seed), ("-o", args.output_dir)) if value is not None]  # fmt: skip
     if given:
-        raise UsageError(f"--resume uses the run's saved settings; drop {', '.join(given)}")
-    try:
-        spec = meta.spec.replace(max_concurrent=args.max_concurrent)
-    except ValueError as exc:
-        raise UsageError(_flag_error(str(exc))) from None
-    return Settings(
-        env_id=meta.env_id,
-        env_args=meta.env_args,
-        model=meta.model,
-        base_url=meta.base_url or args.base_url,
-        api_key_var=meta.api_key_var or args.api_key_var,
-        spec=spec,
+        raise UsageError(
+            f"--resume uses the run's saved settings; drop {', '.join(given)} (it may change {RESUME_KEEPS})"
+        )
+    if args.model is not None and args.model != meta.model:
+        raise UsageError(f"--resume runs the saved model {meta.model!r}; -m {args.model} differs")
+    if meta.model.startswith(SCRIPTED_PREFIX) and args.model is None:
+        # a saved file must never name code to run: the command line has to say it again
+        raise UsageError(f"this run's model is a Python policy; confirm it with -m {meta.model}")
+    spec = _spec(
+        num_examples=meta.spec.num_examples,
+        rollouts_per_example=meta.spec.rollouts_per_example,
+        max_concurrent=args.max_concurrent,
+        seed=meta.spec.seed,
+        max_failures_in_a_row=args.max_failures_in_a_row,
     )
+    spec = spec.replace(sampling=meta.spec.sampling)
+    client = ClientOptions.from_args(args, meta.model)
+    client = replace(
+        client,
+        base_url=args.base_url or meta.base_url,
+        api_key_var=args.api_key_var or meta.api_key_var,
+    )
+    return Settings(meta.env_id, meta.env_args, client, spec)
 
 
-def _latest_run(args: argparse.Namespace, settings: Settings) -> Path | None:
-    """The run directory an interrupted command was writing (for the resume hint)."""
-    if args.resume is not None:
-        return args.resume
-    from palaestra.eval.store import run_dir_name
+def _say_what_resume_does(console: Console, path: Path, env: pa.Environment, spec: RunSpec) -> None:
+    plan = resume_plan(RunStore.open(path), env.select(spec.num_examples), spec.rollouts_per_example)
+    parts = [f"{plan.groups_kept} of {plan.groups_total} groups saved"]
+    if plan.groups_failed:
+        parts.append(f"re-running {plan.groups_failed} whose model requests failed")
+    if plan.lines_unreadable:
+        parts.append(f"{plan.lines_unreadable} unreadable lines dropped")
+    console.print("resume: " + "; ".join(parts), soft_wrap=True)
 
-    folder = args.output_dir / "evals" / run_dir_name(settings.env_id, settings.model)
-    runs = sorted(p for p in folder.glob("*") if p.is_dir()) if folder.is_dir() else []
-    return runs[-1] if runs else None
+
+def _check_dataset_path(path: Path) -> None:
+    """Fail before the run if ``--save-dataset`` could not be written after it."""
+    try:
+        import datasets  # noqa: F401 - only whether it imports
+    except ImportError:
+        raise UsageError(
+            "--save-dataset needs the datasets package: pip install 'palaestra[datasets]'"
+        ) from None
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--save-dataset {path}: exists and is not a folder")
+    parent = path.parent if not path.exists() else path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UsageError(f"--save-dataset {path}: cannot write under {parent}")

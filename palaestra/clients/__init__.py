@@ -7,6 +7,8 @@ from palaestra.clients.base import (
     ModelError,
     ModelHTTPError,
     ModelTimeout,
+    ModelUnavailable,
+    StreamingClient,
     TransientModelError,
 )
 from palaestra.clients.openai import ClientConfigError, OpenAIClient
@@ -20,8 +22,10 @@ __all__ = [
     "ModelError",
     "ModelHTTPError",
     "ModelTimeout",
+    "ModelUnavailable",
     "OpenAIClient",
     "ScriptedClient",
+    "StreamingClient",
     "TransientModelError",
 ]
 

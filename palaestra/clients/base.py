@@ -47,6 +47,10 @@ class ModelConnectionError(TransientModelError):
     """The connection failed or was dropped before a full response arrived."""
 
 
+class ModelUnavailable(ModelError):
+    """So many model requests in a row failed that the run stopped (``RunSpec.max_failures_in_a_row``)."""
+
+
 class ModelHTTPError(ModelError):
     """The server answered with an error status."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -32,21 +32,43 @@ def rollout_deadline(deadline: asyncio.Timeout) -> Iterator[None]:
 
 
 class LimitedClient:
-    """``client`` with its requests limited by ``slots``; other attributes are the client's own."""
+    """``client`` with its requests limited by ``slots``; other attributes are the client's own.
 
-    def __init__(self, client: ModelClient, slots: asyncio.Semaphore) -> None:
+    It also counts failed requests in a row (any success resets the count): once the count
+    reaches ``max_failures_in_a_row`` (0: never), ``on_give_up`` is called with the last error,
+    so the engine can stop a run whose server is gone instead of failing every rollout.
+    """
+
+    def __init__(
+        self,
+        client: ModelClient,
+        slots: asyncio.Semaphore,
+        *,
+        max_failures_in_a_row: int = 0,
+        on_give_up: Callable[[Exception], None] | None = None,
+    ) -> None:
         self.inner = client
         self.model = client.model
+        self.failures_in_a_row = 0
         self._slots = slots
+        self._max_failures = max_failures_in_a_row
+        self._on_give_up = on_give_up
 
     async def chat(
         self, messages: Messages, *, tools: list[dict[str, Any]] | None = None, sampling: Sampling
     ) -> ModelResponse:
         await self._acquire()
         try:
-            return await self.inner.chat(messages, tools=tools, sampling=sampling)
+            reply = await self.inner.chat(messages, tools=tools, sampling=sampling)
+        except Exception as exc:
+            self.failures_in_a_row += 1
+            if self._max_failures and self.failures_in_a_row == self._max_failures and self._on_give_up:
+                self._on_give_up(exc)
+            raise
         finally:
             self._slots.release()
+        self.failures_in_a_row = 0
+        return reply
 
     async def _acquire(self) -> None:
         deadline = _deadline.get()

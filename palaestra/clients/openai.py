@@ -24,12 +24,14 @@ import orjson
 from palaestra.clients.base import (
     BadResponseError,
     ModelConnectionError,
+    ModelHTTPError,
     ModelTimeout,
     TransientModelError,
     http_error,
 )
 from palaestra.types import Messages, ModelResponse, Sampling, Usage
 
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content")
 
@@ -50,7 +52,7 @@ class OpenAIClient:
         self,
         model: str,
         *,
-        base_url: str = "https://api.openai.com/v1",
+        base_url: str = DEFAULT_BASE_URL,
         api_key_var: str = "OPENAI_API_KEY",
         api_key: str | None = None,
         timeout: float = 600.0,
@@ -65,13 +67,15 @@ class OpenAIClient:
         if transport not in ("aiohttp", "openai"):
             raise ClientConfigError(f"transport must be 'aiohttp' or 'openai', not {transport!r}")
         self.model = model
-        self.base_url = base_url.rstrip("/")
+        self.base_url = check_base_url(base_url)
         self.api_key_var = api_key_var
+        if not timeout > 0 or max_retries < 0:
+            raise ClientConfigError(f"need timeout > 0 and max_retries >= 0, got {timeout} and {max_retries}")
         if api_key is None:
             api_key = os.environ.get(api_key_var)
         if api_key is None and urlparse(self.base_url).hostname not in LOOPBACK:
             raise ClientConfigError(
-                f"no API key: set the environment variable {api_key_var} for {self.base_url} "
+                f"no API key for {self.base_url}: set the environment variable {api_key_var} "
                 "(or pass api_key='' for a server that needs none)"
             )
         self.api_key = api_key or ""
@@ -194,18 +198,33 @@ class OpenAIClient:
         return resp.model_dump()
 
     async def check(self, timeout: float = 10.0) -> None:
-        """Fail fast before a run: ``ModelConnectionError`` if the server cannot be reached,
-        ``ModelHTTPError`` if it rejects the API key. Servers without ``/models`` pass."""
+        """Fail fast before a run: ``ModelConnectionError`` if the server cannot be reached or does
+        not answer within ``timeout``, ``ModelHTTPError`` if it rejects the API key or does not
+        list this model among the ones it serves. Servers without ``/models`` pass."""
+        url = self.base_url + "/models"
         try:
             async with aiohttp.ClientSession(headers=self.headers) as session:
-                async with session.get(
-                    self.base_url + "/models", timeout=aiohttp.ClientTimeout(total=timeout)
-                ) as resp:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                     raw = await resp.read()
-                    if resp.status in (401, 403):
-                        raise _status_error(resp.status, raw, None)
-        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
-            raise ModelConnectionError(f"cannot reach {self.base_url}: {exc or type(exc).__name__}") from None
+                    status = resp.status
+        except TimeoutError:
+            raise ModelConnectionError(f"{self.base_url} did not answer within {timeout:g}s") from None
+        except aiohttp.ClientError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ModelConnectionError(f"cannot reach {self.base_url}: {reason}") from None
+        if status in (401, 403):
+            raise _status_error(status, raw, None)
+        if status != 200:
+            return  # no model list here (or not at this path): the first requests will tell
+        try:
+            listed = [m["id"] for m in orjson.loads(raw)["data"] if isinstance(m, dict)]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return
+        if listed and self.model not in listed:
+            shown = ", ".join(listed[:20]) + (f" and {len(listed) - 20} more" if len(listed) > 20 else "")
+            raise ModelHTTPError(
+                404, f"{self.base_url} does not serve the model {self.model!r}; it serves: {shown}"
+            )
 
     async def aclose(self) -> None:
         """Close the connection pool. The client reopens one if used again."""
@@ -220,6 +239,18 @@ class OpenAIClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def check_base_url(url: str) -> str:
+    """``url`` without a trailing slash; ``ClientConfigError`` unless it is an http(s) URL with a host."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ClientConfigError(f"the base URL must look like http://HOST:PORT/v1, got {url!r}")
+    try:
+        parsed.port  # noqa: B018 - parsing the port is the check: it raises for 99999 or "x"
+    except ValueError as exc:
+        raise ClientConfigError(f"the base URL {url!r} has a bad port: {exc}") from None
+    return url.rstrip("/")
 
 
 def _status_error(status: int, raw: bytes, retry_after: str | None) -> Exception:

@@ -1,7 +1,8 @@
 """Rollouts as a Hugging Face ``datasets.Dataset``: what ``--save-dataset`` writes and SFT reads.
 
 Columns: ``example_id``, ``rollout_index``, ``prompt`` and ``completion`` (chat messages),
-``answer`` and ``info`` (JSON strings, since their types vary from row to row), ``reward``, one
+``answer`` and ``info`` (JSON strings, since their types vary from row to row; no answer is
+null), ``reward`` (null for a failed rollout), one
 column per reward function, ``stop_reason`` and ``error`` (``"stage/Type: message"`` or ``""``).
 Messages are normalised to the same keys (``role``, ``content``, ``tool_calls`` as a JSON string,
 ``tool_call_id``) so that Arrow can store a conversation with and without tool calls side by side.
@@ -58,7 +59,7 @@ def rollouts_to_rows(rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
             "rollout_index": r.rollout_index,
             "prompt": [_message_row(m) for m in r.prompt],
             "completion": [_message_row(m) for m in r.completion],
-            "answer": json.dumps(r.answer, default=repr),
+            "answer": None if r.answer is None else json.dumps(r.answer, default=repr),
             "info": json.dumps(r.info, default=repr),
             "reward": r.reward,
             "stop_reason": r.stop_reason or "",

@@ -153,9 +153,13 @@ class Environment:
         raise NotImplementedError(f"{type(self).__name__} must implement episode (or use MultiTurnEnv)")
 
     def select(self, n: int = -1) -> list[Example]:
-        """The first ``n`` examples (all when ``n`` is negative)."""
+        """The first ``n`` examples (all when ``n`` is negative); ``DatasetError`` if there are fewer."""
         if n == 0 or not self.examples:
             raise DatasetError("no examples to run: the dataset is empty or n is 0")
+        if n > len(self.examples):
+            raise DatasetError(
+                f"asked for {n} examples but the dataset has {len(self.examples)} (-1 runs them all)"
+            )
         return self.examples if n < 0 else self.examples[:n]
 
     def stream(self, client: ModelClient, spec: RunSpec | None = None) -> AsyncGenerator[Rollout, None]:

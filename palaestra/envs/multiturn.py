@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -47,6 +48,25 @@ class Final:
     reason: str = "env_final"
 
 
+# verifiers' names for what palaestra does otherwise: a subclass defining one would be silently ignored
+FOREIGN_HOOKS = {
+    "is_completed": "mark stop conditions with @pa.stop",
+    "get_model_response": "the engine calls the client; override episode() to change a turn",
+}
+
+
+def _check_hooks(cls: type) -> None:
+    """Mistakes that would fail every rollout, found when the environment is built."""
+    if cls.env_response is MultiTurnEnv.env_response:  # type: ignore[attr-defined]  # cls is a subclass
+        raise TypeError(f"{cls.__name__} must implement env_response(self, messages, state)")
+    for hook in ("setup_state", "env_response"):
+        if not inspect.iscoroutinefunction(getattr(cls, hook)):
+            raise TypeError(f"{cls.__name__}.{hook} must be an async method (async def {hook}(...))")
+    for name, instead in FOREIGN_HOOKS.items():
+        if hasattr(cls, name):
+            warnings.warn(f"{cls.__name__}.{name} is never called by palaestra: {instead}", stacklevel=4)
+
+
 class MultiTurnEnv(Environment):
     """Alternate model and environment turns, up to ``max_turns`` model replies.
 
@@ -58,6 +78,7 @@ class MultiTurnEnv(Environment):
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         self.max_turns = max_turns
+        _check_hooks(type(self))
         found = []
         for name, member in inspect.getmembers(type(self), callable):
             if hasattr(member, "__palaestra_stop__"):

@@ -1,10 +1,14 @@
 """Progress of an evaluation: a Rich bar on a terminal, plain lines otherwise.
 
 Both show rollouts done/total, the running mean reward, the error count and completion tokens/s.
+Plain lines come at most every 5 s as rollouts finish, and at least every ``HEARTBEAT`` seconds
+even when none does (a slow model on a busy machine must not look like a hung one).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
 import time
 from typing import TextIO
@@ -13,6 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from palaestra.types import Rollout
+
+HEARTBEAT = 30.0
 
 
 class EvalProgress:
@@ -32,10 +38,14 @@ class EvalProgress:
         self._start = time.monotonic()
         self._last_line = 0.0
         self._printed = done
+        self._heartbeat: asyncio.Task[None] | None = None
         self._bar: Progress | None = None
         self._task: TaskID | None = None
 
     def __enter__(self) -> EvalProgress:
+        if self.plain:
+            with contextlib.suppress(RuntimeError):  # outside an event loop: no heartbeat
+                self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
         if not self.plain:
             self._bar = Progress(
                 TextColumn("[bold]eval"),
@@ -51,6 +61,8 @@ class EvalProgress:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         if self._bar is not None:
             self._bar.__exit__(None, None, None)
         elif self._printed != self.done:  # the last count has not been printed yet
@@ -73,7 +85,16 @@ class EvalProgress:
         elif time.monotonic() - self._last_line >= 5 or self.done == self.total:
             self._line()
 
+    async def _beat(self) -> None:
+        while True:
+            quiet_for = time.monotonic() - max(self._last_line, self._start)
+            if quiet_for >= HEARTBEAT:
+                self._line()
+            else:
+                await asyncio.sleep(HEARTBEAT - quiet_for)
+
     def _line(self) -> None:
         self._last_line = time.monotonic()
         self._printed = self.done
-        print(f"eval {self.done}/{self.total}  {self.stats()}", file=self.file, flush=True)
+        elapsed = time.monotonic() - self._start
+        print(f"eval {self.done}/{self.total}  {self.stats()}  {elapsed:,.0f} s", file=self.file, flush=True)

@@ -12,21 +12,28 @@ all go through it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+try:
+    import fcntl
+except ImportError:  # Windows: runs are not locked there
+    fcntl = None  # type: ignore[assignment]  # checked before use
+
 from palaestra.types import Rollout, RunSpec
 
 RESULTS = "results.jsonl"
 METADATA = "metadata.json"
+LOCK = "run.lock"
 STATUSES = ("running", "complete", "interrupted")
 
 
@@ -180,6 +187,38 @@ class RunStore:
         except ValueError as exc:
             raise RunStoreError(f"{self.metadata_path}: malformed ({exc})") from None
 
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[str | None]:
+        """Hold the run for this process while the block runs; ``RunStoreError`` if another holds it.
+
+        The lock is an OS file lock on ``run.lock``, which also records the holder's pid: a lock
+        file left by a process that died holds no OS lock, so it is taken over, and the block gets
+        a line naming that stale holder (else ``None``). POSIX only: on Windows it locks nothing.
+        """
+        if fcntl is None:
+            yield None
+            return
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                raise RunStoreError(
+                    f"{self.path} is in use by {holder}; wait for it to finish or stop it"
+                ) from None
+            previous = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            stale = f"took over a stale lock of {previous}, which is gone" if previous else None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"process {os.getpid()}".encode(), 0)
+            try:
+                yield stale
+            finally:
+                os.ftruncate(fd, 0)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
     def write_metadata(self, metadata: RunMetadata) -> None:
         tmp = self.metadata_path.with_suffix(".json.tmp")
         tmp.write_bytes(orjson.dumps(metadata.to_dict(), option=orjson.OPT_INDENT_2))
@@ -200,10 +239,11 @@ class EvalRun:
 
     @property
     def summary(self) -> dict[str, Any]:
-        """The saved summary; for a run that never wrote one (killed), computed from its rollouts."""
-        if not self.metadata.summary:
-            from palaestra.eval.summary import summarize
+        """The saved summary; for a run that never wrote one (killed), or whose saved summary is not
+        what ``summarize`` writes (a damaged file), computed from its rollouts."""
+        from palaestra.eval.summary import summarize, summary_problem
 
+        if not self.metadata.summary or summary_problem(self.metadata.summary) is not None:
             self.metadata.summary = summarize(
                 self.rollouts,
                 rollouts_per_example=self.metadata.spec.rollouts_per_example,

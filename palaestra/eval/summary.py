@@ -69,7 +69,9 @@ def summarize(
     """Reward, metric, pass@k, stop-reason, error, timing and token statistics of a run.
 
     The result is JSON-ready (non-finite statistics become ``None``). Rollouts whose reward is
-    ``None`` (scoring failed) are left out of reward statistics and count as fails in pass@k.
+    ``None`` (they failed, or scoring failed) are left out of reward statistics and count as fails
+    in pass@k. The 95% CI of the mean reward is a t-interval clipped to the lowest and highest
+    reward seen.
     """
     rewards = [r.reward for r in rollouts if r.reward is not None]
     metric_values: dict[str, list[float]] = {}
@@ -130,10 +132,17 @@ def _reward_stats(rewards: Sequence[float]) -> dict[str, Any]:
     n = len(rewards)
     mean, std = _mean(rewards), _std(rewards)
     ci95 = None
-    if n >= 2 and mean is not None and std is not None:
-        half = t_quantile_975(n - 1) * std / math.sqrt(n)
-        ci95 = [mean - half, mean + half]
     spread = _min_mean_max(rewards)
+    if (
+        n >= 2
+        and mean is not None
+        and std is not None
+        and spread["min"] is not None
+        and spread["max"] is not None
+    ):
+        half = t_quantile_975(n - 1) * std / math.sqrt(n)
+        # clipped to the rewards seen: a bounded reward's t-interval can overshoot its bounds
+        ci95 = [max(mean - half, spread["min"]), min(mean + half, spread["max"])]
     return {"mean": mean, "std": std, "ci95": ci95, "min": spread["min"], "max": spread["max"], "n": n}
 
 
@@ -192,6 +201,53 @@ def _errors(rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: (-e["count"], e["stage"], e["type"]))
 
 
+_SHAPE: dict[str, type | tuple[type, ...]] = {
+    "n_rollouts": int, "n_examples": int, "rollouts_per_example": int, "reward": dict, "metrics": dict,
+    "histogram": dict, "pass_threshold": (int, float), "pass_at_k": dict, "stop_reasons": dict,
+    "errors": list, "timing": dict, "tokens": dict,
+}  # fmt: skip
+
+
+def summary_problem(summary: Any) -> str | None:
+    """Why ``summary`` is not what ``summarize`` writes (a saved file edited or damaged), or None."""
+    if not isinstance(summary, dict):
+        return "not an object"
+    for key, kind in _SHAPE.items():
+        if not isinstance(summary.get(key), kind) or isinstance(summary.get(key), bool):
+            return f"{key!r} is missing or not a {getattr(kind, '__name__', 'number')}"
+    reward = summary["reward"]
+    if not all(_number_or_none(reward.get(k)) for k in ("mean", "std", "min", "max")):
+        return "'reward' holds a value that is not a number"
+    ci = reward.get("ci95")
+    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(_number_or_none(x) for x in ci)):
+        return "'reward.ci95' is not a pair of numbers"
+    if not isinstance(reward.get("n"), int):
+        return "'reward.n' is not an integer"
+    hist = summary["histogram"]
+    counts, edges = hist.get("counts"), hist.get("edges")
+    if not (isinstance(counts, list) and isinstance(edges, list) and len(edges) == len(counts) + 1):
+        return "'histogram' does not hold counts and edges"
+    if not all(isinstance(c, int) for c in counts) or not all(_number_or_none(e) for e in edges):
+        return "'histogram' holds a value that is not a number"
+    for key in ("metrics", "timing"):
+        for name, stats in summary[key].items():
+            if not isinstance(stats, dict) or not all(_number_or_none(v) for v in stats.values()):
+                return f"{key}[{name!r}] is not an object of numbers"
+    for key in ("pass_at_k", "stop_reasons", "tokens"):
+        if not all(_number_or_none(v) and v is not None for v in summary[key].values()):
+            return f"{key!r} holds a value that is not a number"
+    for error in summary["errors"]:
+        example = error.get("example") if isinstance(error, dict) else None
+        if not (isinstance(error, dict) and isinstance(error.get("count"), int) and isinstance(example, dict)
+                and isinstance(example.get("message"), str)):  # fmt: skip
+            return "'errors' holds an entry that is not an error group"
+    return None
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
 def pick_sample(rollouts: Sequence[Rollout]) -> Rollout | None:
     """The rollout to show: median reward among error-free ones (ties: lowest ids), else the first."""
     ok = [r for r in rollouts if r.error is None and r.reward is not None and not math.isnan(r.reward)]
@@ -239,8 +295,8 @@ def render_summary(console: Console, summary: dict[str, Any], *, title: str | No
     )
 
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for header in ("", "mean", "± std", "95% CI", "min", "max", "n"):
-        table.add_column(header, justify="left" if header in ("", "95% CI") else "right")
+    for header in ("", "mean", "± std", "95% CI", "min", "max", "n"):  # names wrap, never cut
+        table.add_column(header, justify="left" if header in ("", "95% CI") else "right", overflow="fold")
     ci = reward["ci95"]
     ci_text = f"[{_num(ci[0])}, {_num(ci[1])}]" if ci else "–"
     table.add_row(
