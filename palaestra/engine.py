@@ -72,7 +72,7 @@ async def stream_groups(
             task.add_done_callback(done.put_nowait)
             running.add(task)
 
-    for _ in range(groups_in_flight(spec)):
+    for _ in range(min(groups_in_flight(spec), len(examples))):
         start_next()
     try:
         for _ in range(len(examples)):
