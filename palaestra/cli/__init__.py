@@ -26,6 +26,7 @@ from palaestra.cli.common import (
     make_sampling,
     parse_json_object,
 )
+from palaestra.cli.data import add_data_parser
 from palaestra.cli.eval import Stopped, add_eval_arguments, cmd_eval
 from palaestra.eval.store import RunStoreError
 from palaestra.runner import run_async
@@ -67,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="evaluate a model on an environment; save, summarise")
     add_eval_arguments(ev)
     ev.set_defaults(func=cmd_eval)
+
+    add_data_parser(sub)
 
     report = sub.add_parser("report", help="write an HTML report of one or more saved runs")
     report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")

@@ -84,6 +84,14 @@ def rollouts_to_dataset(rollouts: Sequence[Rollout]) -> datasets.Dataset:
 
 def save_dataset(rollouts: Sequence[Rollout], path: Path | str) -> Path:
     """Write the rollouts with ``Dataset.save_to_disk``; load with ``datasets.load_from_disk``."""
+    import datasets
+
     path = Path(path)
-    rollouts_to_dataset(rollouts).save_to_disk(str(path))
+    was_enabled = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # a bar per save is noise in a command's output
+    try:
+        rollouts_to_dataset(rollouts).save_to_disk(str(path))
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
     return path

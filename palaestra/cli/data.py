@@ -1,0 +1,103 @@
+"""``palaestra data filter``: saved runs → the rollouts worth learning from → an SFT dataset."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from palaestra.cli.common import UsageError
+from palaestra.data.filter import Condition, filter_rollouts
+from palaestra.eval.store import load_run
+from palaestra.types import Rollout
+
+PROVENANCE = "palaestra_filter.json"
+
+
+def add_data_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    data = sub.add_parser("data", help="turn saved runs into training data")
+    commands = data.add_subparsers(required=True, metavar="COMMAND")
+    keep = commands.add_parser(
+        "filter",
+        help="keep the rollouts that pass conditions; write them as a chat dataset for SFT",
+        description="Keep the rollouts of saved runs that pass every --where condition and write them "
+        "as the Hugging Face dataset --save-dataset writes (datasets.load_from_disk).",
+    )
+    keep.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    keep.add_argument("-o", "--output", type=Path, required=True, help="dataset folder to create")
+    keep.add_argument(
+        "-w", "--where", action="append", default=[], metavar="CONDITION",
+        help="e.g. 'won == 1 or drew == 1', 'reward >= 0.5', 'format_reward == 1' (repeatable: all must hold)",
+    )  # fmt: skip
+    keep.add_argument("--keep-errors", action="store_true", help="keep rollouts that failed")
+    keep.add_argument(
+        "--keep-truncated", action="store_true", help="keep rollouts whose last reply hit max_tokens"
+    )
+    keep.add_argument(
+        "--drop-flagged", action="store_true",
+        help="also drop rollouts with a reply not to imitate (cut at max_tokens, empty/missing <think>, a refusal)",
+    )  # fmt: skip
+    keep.add_argument(
+        "--jsonl", type=Path, default=None, metavar="PATH", help="also write the rows as JSON lines"
+    )
+    keep.set_defaults(func=cmd_filter)
+
+
+def cmd_filter(args: argparse.Namespace) -> int:
+    for path in (args.output, args.jsonl):
+        if path is not None and path.exists():
+            raise UsageError(f"{path} exists; give a new path (nothing is overwritten)")
+    conditions = [Condition.parse(text) for text in args.where]
+    rollouts: list[Rollout] = []
+    for run_dir in args.runs:
+        run = load_run(run_dir)
+        if run.skipped:
+            print(f"{run_dir}: skipped {len(run.skipped)} unreadable lines", file=sys.stderr)
+        rollouts.extend(run.rollouts)
+    report = filter_rollouts(
+        rollouts,
+        conditions,
+        keep_errors=args.keep_errors,
+        keep_truncated=args.keep_truncated,
+        drop_flagged=args.drop_flagged,
+    )
+    print(f"kept {len(report.kept)} of {report.total} rollouts")
+    for reason, count in report.dropped.most_common():
+        print(f"  dropped {count}: {reason}")
+    for kind, count in report.warnings.most_common():
+        print(
+            f"  warning: {count} kept replies with {kind}"
+            + ("" if args.drop_flagged else " (--drop-flagged drops them)")
+        )
+    if not report.kept:
+        raise UsageError("no rollout passed: nothing written")
+    from palaestra.data.rollouts import rollouts_to_rows, save_dataset
+
+    try:
+        save_dataset(report.kept, args.output)
+        provenance = {
+            "runs": [str(p) for p in args.runs],
+            "where": [c.text for c in conditions],
+            "keep_errors": args.keep_errors,
+            "keep_truncated": args.keep_truncated,
+            "drop_flagged": args.drop_flagged,
+            "total": report.total,
+            "kept": len(report.kept),
+            "dropped": dict(report.dropped),
+            "warnings": dict(report.warnings),
+        }
+        (args.output / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+        if args.jsonl is not None:
+            with args.jsonl.open("w") as f:
+                for rollout, row in zip(report.kept, rollouts_to_rows(report.kept), strict=True):
+                    row.update(prompt=rollout.prompt, completion=rollout.completion)  # chat messages as sent
+                    f.write(json.dumps(row, default=repr) + "\n")
+    except BaseException:
+        shutil.rmtree(args.output, ignore_errors=True)  # nothing half-written
+        if args.jsonl is not None:
+            args.jsonl.unlink(missing_ok=True)
+        raise
+    print(f"dataset: {args.output}" + (f"; jsonl: {args.jsonl}" if args.jsonl else ""))
+    return 0
