@@ -26,6 +26,7 @@ from palaestra.cli.common import (
     run_async,
 )
 from palaestra.cli.eval import add_eval_arguments, cmd_eval
+from palaestra.cli.train import add_train_parser
 from palaestra.eval.store import RunStoreError
 
 USER_ERRORS = (
@@ -88,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("name")
     init.add_argument("--path", type=Path, default=Path("environments"), help="parent folder")
     init.set_defaults(func=cmd_init)
+
+    add_train_parser(sub)
 
     envs = sub.add_parser("envs", help="list installed environments")
     envs.set_defaults(func=cmd_envs)
