@@ -122,7 +122,7 @@ def palaestra_run(
         async with pa.OpenAIClient(
             model, base_url=base_url, transport=transport, max_connections=concurrency
         ) as client:
-            rollouts = await env.run(client, max_concurrent=concurrency, seed=0)
+            rollouts = await env.run(client, pa.RunSpec(max_concurrent=concurrency, seed=0))
         errors = [r.error for r in rollouts if r.error]
         if errors:
             raise RuntimeError(f"{len(errors)} rollouts failed, e.g. {errors[0]}")

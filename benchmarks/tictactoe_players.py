@@ -1,6 +1,6 @@
 """The tic-tac-toe evaluation protocol for the scripted players, written into the env's README.
 
-Protocol (``specs/tictactoe.md``): 100 games, one rollout each, against the optimal opponent and
+Protocol (the reference game's evaluation protocol): 100 games, one rollout each, against the optimal opponent and
 against the random opponent; report wins / draws / losses, format rate, share of games with an
 invalid move, and mean reward. Each game runs through ``env.run`` with a ``ScriptedClient``, the
 same path as ``palaestra eval tictactoe -m scripted:tictactoe:NAME -a '{"opponent": ...}'``.
@@ -37,7 +37,9 @@ PLAYERS: list[tuple[str, Callable[..., str]]] = [
 async def evaluate(policy: Callable[..., str], opponent: str, games: int, seed: int) -> dict[str, float]:
     """W/D/L counts, format rate, share of games with an invalid move and mean reward."""
     env = tictactoe.load_environment(num_examples=games, opponent=opponent)
-    rollouts = await env.run(pa.ScriptedClient(policy), n=games, rollouts_per_example=1, seed=seed)
+    rollouts = await env.run(
+        pa.ScriptedClient(policy), pa.RunSpec(num_examples=games, rollouts_per_example=1, seed=seed)
+    )
     errors = [r.error for r in rollouts if r.error is not None]
     if errors:
         raise RuntimeError(f"{len(errors)} rollouts failed, e.g. {errors[0]}")

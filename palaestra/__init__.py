@@ -17,7 +17,7 @@ from palaestra.clients import (
     TransientModelError,
 )
 from palaestra.envs import DatasetError, Environment, Final, MultiTurnEnv, RolloutTimeout, SingleTurnEnv, stop
-from palaestra.eval import EvalRun, evaluate, load_run
+from palaestra.eval import EvalRun, RunMetadata, evaluate, load_run
 from palaestra.parsers import Parser, ThinkParser, XMLParser
 from palaestra.registry import (
     EnvironmentArgsError,
@@ -27,30 +27,33 @@ from palaestra.registry import (
 )
 from palaestra.rubric import RewardError, Rubric, RubricGroup, group_reward
 from palaestra.types import (
+    ChatChunk,
     ErrorInfo,
     Example,
     Message,
     Messages,
     ModelResponse,
     Rollout,
+    RunSpec,
     Sampling,
     State,
     Timing,
     Turn,
     Usage,
+    content_text,
     derive_seed,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BadResponseError", "BindingError", "ClientConfigError", "DatasetError", "Environment",
+    "BadResponseError", "BindingError", "ChatChunk", "ClientConfigError", "DatasetError", "Environment",
     "EnvironmentArgsError", "EnvironmentNotFound", "ErrorInfo", "EvalRun", "Example", "Final", "Message",
     "Messages", "ModelClient", "ModelConnectionError", "ModelError", "ModelHTTPError",
     "ModelResponse", "ModelTimeout", "MultiTurnEnv", "OpenAIClient", "Parser", "RewardError",
-    "Rollout", "RolloutTimeout", "Rubric", "RubricGroup", "Sampling", "ScriptedClient",
+    "Rollout", "RolloutTimeout", "Rubric", "RubricGroup", "RunMetadata", "RunSpec", "Sampling", "ScriptedClient",
     "SingleTurnEnv", "State", "ThinkParser", "Timing", "TransientModelError", "Turn", "Usage",
-    "XMLParser", "__version__", "derive_seed", "evaluate", "group_reward", "installed_environments",
+    "XMLParser", "__version__", "content_text", "derive_seed", "evaluate", "group_reward", "installed_environments",
     "load_environment", "load_run", "stop",
 ]  # fmt: skip
 

@@ -1,9 +1,12 @@
 """The engine: many rollouts at once on one event loop, scored group by group, streamed out.
 
-- ``max_concurrent`` bounds model requests in flight (a semaphore around each ``chat`` call),
-  not groups or rollouts: a rollout busy in its environment turn holds no slot.
+- ``RunSpec.max_concurrent`` bounds model requests in flight, not groups or rollouts: the engine
+  hands environments a ``LimitedClient``, so a rollout busy in its environment turn holds no slot
+  and a custom ``episode`` needs no limiter of its own.
 - A group is the ``rollouts_per_example`` rollouts of one example; it is scored together (group
-  reward functions need all of it) and its rollouts are yielded as soon as it is scored.
+  reward functions need all of it) and yielded as soon as it is scored.
+- Groups start in example order, a bounded number at a time (enough to keep every request slot
+  busy), so finished groups come out steadily from the start of a run and memory stays flat.
 - Every rollout ends with a result or a recorded error; if the consumer stops early, or the run is
   cancelled (Ctrl-C), every pending rollout is cancelled before the generator returns.
 """
@@ -12,99 +15,74 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import math
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from palaestra.clients.base import ModelClient
-from palaestra.types import Example, Rollout, Sampling
+from palaestra.clients.limited import LimitedClient
+from palaestra.types import Example, Rollout, RunSpec, Sampling
 
 if TYPE_CHECKING:
     from palaestra.envs.base import Environment
 
 
 async def run_group(
-    env: Environment,
-    client: ModelClient,
-    example: Example,
-    *,
-    rollouts_per_example: int,
-    seed: int,
-    sampling: Sampling,
-    limiter: asyncio.Semaphore | None = None,
+    env: Environment, client: ModelClient, example: Example, *, count: int, seed: int, sampling: Sampling
 ) -> list[Rollout]:
-    """The scored rollouts of one example."""
-    runs = [
-        env.rollout(client, example, rollout_index=i, seed=seed, sampling=sampling, limiter=limiter)
-        for i in range(rollouts_per_example)
-    ]
+    """The ``count`` scored rollouts of one example."""
+    runs = [env.rollout(client, example, rollout_index=i, seed=seed, sampling=sampling) for i in range(count)]
     # one rollout needs no extra task: awaiting it directly saves a task per example
-    rollouts = [await runs[0]] if len(runs) == 1 else await asyncio.gather(*runs)
+    rollouts = [await runs[0]] if len(runs) == 1 else list(await asyncio.gather(*runs))
     await env.rubric.score_group(rollouts, [example] * len(rollouts))
     return rollouts
 
 
+def groups_in_flight(spec: RunSpec) -> int:
+    """How many groups run at once: twice what fills every request slot (rollouts also spend time
+    in their environment turns, holding no slot)."""
+    return 2 * math.ceil(spec.max_concurrent / spec.rollouts_per_example)
+
+
 async def stream_groups(
-    env: Environment,
-    client: ModelClient,
-    examples: Sequence[Example],
-    *,
-    rollouts_per_example: int = 1,
-    max_concurrent: int = 32,
-    seed: int = 0,
-    sampling: Sampling,
-) -> AsyncIterator[list[Rollout]]:
+    env: Environment, client: ModelClient, examples: Sequence[Example], spec: RunSpec
+) -> AsyncGenerator[list[Rollout], None]:
     """Yield each example's scored group of rollouts, in the order groups finish."""
-    if rollouts_per_example < 1:
-        raise ValueError(f"rollouts_per_example must be at least 1, got {rollouts_per_example}")
-    if max_concurrent < 1:
-        raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
-    limiter = asyncio.Semaphore(max_concurrent)
+    limited = LimitedClient(client, asyncio.Semaphore(spec.max_concurrent))
+    sampling = spec.sampling or env.sampling
     done: asyncio.Queue[asyncio.Task[list[Rollout]]] = asyncio.Queue()
-    tasks = []
-    for example in examples:
-        task = asyncio.create_task(
-            run_group(
-                env,
-                client,
-                example,
-                rollouts_per_example=rollouts_per_example,
-                seed=seed,
-                sampling=sampling,
-                limiter=limiter,
+    running: set[asyncio.Task[list[Rollout]]] = set()
+    todo: Iterator[Example] = iter(examples)
+
+    def start_next() -> None:
+        example = next(todo, None)
+        if example is not None:
+            group = run_group(
+                env, limited, example, count=spec.rollouts_per_example, seed=spec.seed, sampling=sampling
             )
-        )
-        task.add_done_callback(done.put_nowait)
-        tasks.append(task)
+            task = asyncio.create_task(group)
+            task.add_done_callback(done.put_nowait)
+            running.add(task)
+
+    for _ in range(groups_in_flight(spec)):
+        start_next()
     try:
-        for _ in range(len(tasks)):
+        for _ in range(len(examples)):
             finished = await done.get()
+            running.discard(finished)
+            start_next()
             yield finished.result()
     finally:
-        for task in tasks:
+        for task in running:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
 
 
 async def stream_rollouts(
-    env: Environment,
-    client: ModelClient,
-    examples: Sequence[Example],
-    *,
-    rollouts_per_example: int = 1,
-    max_concurrent: int = 32,
-    seed: int = 0,
-    sampling: Sampling,
-) -> AsyncIterator[Rollout]:
+    env: Environment, client: ModelClient, examples: Sequence[Example], spec: RunSpec
+) -> AsyncGenerator[Rollout, None]:
     """Yield scored rollouts group by group, in the order groups finish."""
-    groups = stream_groups(
-        env,
-        client,
-        examples,
-        rollouts_per_example=rollouts_per_example,
-        max_concurrent=max_concurrent,
-        seed=seed,
-        sampling=sampling,
-    )
+    groups = stream_groups(env, client, examples, spec)
     async with contextlib.aclosing(groups):
         async for group in groups:
             for rollout in group:

@@ -19,28 +19,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from palaestra.types import Messages
+from palaestra.types import Messages, content_text
 
 FieldSpec = str | tuple[str, ...]  # a tag name, or alternative names with the canonical one first
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
-
-
-def _content_text(content: Any) -> str:
-    """The text of a message's ``content``: a str, ``None`` (""), or a list of content parts."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return ""
-    parts = []
-    for part in content:
-        if isinstance(part, str):
-            parts.append(part)
-        elif isinstance(part, dict) and part.get("type", "text") == "text":
-            text = part.get("text")
-            if isinstance(text, str):
-                parts.append(text)
-    return "".join(parts)
 
 
 def _last_text(completion: Messages | str) -> str | None:
@@ -74,7 +57,7 @@ class Parser:
         if not isinstance(completion, (list, tuple)):
             return []
         return [
-            _content_text(message.get("content"))
+            content_text(message.get("content"))
             for message in completion
             if isinstance(message, dict) and message.get("role") == "assistant"
         ]

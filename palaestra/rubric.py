@@ -93,7 +93,7 @@ class Rubric:
     async def score_group(self, rollouts: Sequence[Rollout], examples: Sequence[Example]) -> None:
         """Set ``reward`` and ``metrics`` on each rollout of one group, in place."""
         if self._binders is None:
-            self.bind(examples[0].row.keys() if examples else ())
+            self.bind(list(examples[0].row) if examples else [])
         assert self._binders is not None
         start = time.perf_counter()
         values = [self._values(r, e) for r, e in zip(rollouts, examples, strict=True)]

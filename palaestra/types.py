@@ -9,12 +9,38 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
 Message = dict[str, Any]
 Messages = list[Message]
+SEED_RANGE = 2**63  # seeds are saved as JSON integers, which must fit a signed 64-bit int
+
+
+def content_text(content: Any, *, placeholders: bool = False) -> str:
+    """The text of a message's ``content``: a string as is, ``None`` as "", and for an OpenAI
+    list of content parts the text parts joined (other parts left out, or with ``placeholders``
+    shown as ``<type>``, e.g. ``<image_url>``). The one rule every part of palaestra reads text by."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    parts = []
+    for part in content:
+        if isinstance(part, str):
+            parts.append(part)
+        elif (
+            isinstance(part, dict)
+            and part.get("type", "text") == "text"
+            and isinstance(part.get("text"), str)
+        ):
+            parts.append(part["text"])
+        elif placeholders:
+            kind = part.get("type", "part") if isinstance(part, dict) else type(part).__name__
+            parts.append(f"<{kind}>")
+    return "".join(parts)
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -40,8 +66,97 @@ class Sampling:
     logprobs: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        def bad(name: str, what: str) -> ValueError:
+            return ValueError(f"sampling {name} must be {what}, got {getattr(self, name)!r}")
+
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad(name, "a finite number")
+        if self.temperature is not None and self.temperature < 0:
+            raise bad("temperature", ">= 0")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise bad("top_p", "in (0, 1]")
+        if self.max_tokens is not None and (
+            isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
+        ):
+            raise bad("max_tokens", "an integer >= 1")
+        if isinstance(self.stop, str):  # one stop string, as the OpenAI API also accepts
+            object.__setattr__(self, "stop", [self.stop])
+        if self.stop is not None and not (
+            isinstance(self.stop, list) and all(isinstance(s, str) for s in self.stop)
+        ):
+            raise bad("stop", "a list of strings")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_RANGE
+        ):
+            raise bad("seed", "an integer in [0, 2**63)")
+        if not isinstance(self.logprobs, bool):
+            raise bad("logprobs", "true or false")
+        if not isinstance(self.extra, dict):
+            raise bad("extra", "a dict")
+
     def replace(self, **changes: Any) -> Sampling:
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Sampling:
+        """The sampling saved by ``dataclasses.asdict``; ``ValueError`` for unknown keys."""
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown sampling keys: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one run does: which examples, how many rollouts each, how many requests at once, seeds.
+
+    The one description of a run that ``Environment.run``, ``evaluate``, the CLI and the trainers
+    all take, and that a saved run keeps. ``num_examples`` is the first n examples (-1: all);
+    ``sampling`` ``None`` means the environment's own.
+    """
+
+    num_examples: int = -1
+    rollouts_per_example: int = 1
+    max_concurrent: int = 32
+    seed: int = 0
+    sampling: Sampling | None = None
+
+    def __post_init__(self) -> None:
+        for name, low in (("num_examples", -1), ("rollouts_per_example", 1), ("max_concurrent", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            if value < low:
+                raise ValueError(f"{name} must be at least {low}, got {value}")
+        if self.num_examples == 0:
+            raise ValueError("num_examples is 0: no examples to run (-1 runs them all)")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_RANGE:
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if self.sampling is not None and not isinstance(self.sampling, Sampling):
+            raise ValueError(f"sampling must be a Sampling, got {type(self.sampling).__name__}")
+
+    def replace(self, **changes: Any) -> RunSpec:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSpec:
+        """The spec saved by ``to_dict``; ``ValueError`` for unknown keys or bad values."""
+        data = dict(data)
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown run spec keys: {', '.join(sorted(unknown))}")
+        sampling = data.get("sampling")
+        if isinstance(sampling, dict):
+            data["sampling"] = Sampling.from_dict(sampling)
+        return cls(**data)
 
 
 @dataclass

@@ -51,8 +51,10 @@ async def test_http_and_scripted_clients_agree(env_name: str, policy: Policy, tr
     env = pa.load_environment(env_name, num_examples=6)
     async with FakeOpenAIServer(http_reply(policy)) as server:
         async with pa.OpenAIClient(server.model, base_url=server.base_url, transport=transport) as client:
-            over_http = await env.run(client, rollouts_per_example=3, max_concurrent=8, seed=3)
-    in_process = await env.run(pa.ScriptedClient(policy_args(policy)), rollouts_per_example=3, seed=3)
+            over_http = await env.run(client, pa.RunSpec(rollouts_per_example=3, max_concurrent=8, seed=3))
+    in_process = await env.run(
+        pa.ScriptedClient(policy_args(policy)), pa.RunSpec(rollouts_per_example=3, seed=3)
+    )
 
     assert len(over_http) == 18 and all(r.error is None for r in over_http)
     assert [r.reward for r in over_http] == [r.reward for r in in_process]
@@ -65,7 +67,7 @@ async def test_double_check_is_multi_turn_over_http() -> None:
     env = pa.load_environment("double_check", num_examples=4)
     async with FakeOpenAIServer(http_reply(with_rng(double_check.stubborn))) as server:
         async with pa.OpenAIClient(server.model, base_url=server.base_url) as client:
-            rollouts = await env.run(client, rollouts_per_example=2)
+            rollouts = await env.run(client, pa.RunSpec(rollouts_per_example=2))
     for r in rollouts:
         assert [m["role"] for m in r.completion] == ["assistant", "user", "assistant"]
         assert r.completion[1]["content"] == "Are you sure?"
@@ -80,6 +82,6 @@ async def test_noisy_policy_gives_a_spread_of_rewards_over_http() -> None:
     env = pa.load_environment("reverse_text", num_examples=20)
     async with FakeOpenAIServer(http_reply(reverse_text.noisy_reverser)) as server:
         async with pa.OpenAIClient(server.model, base_url=server.base_url) as client:
-            rollouts = await env.run(client, rollouts_per_example=3)
+            rollouts = await env.run(client, pa.RunSpec(rollouts_per_example=3))
     rewards = {round(r.reward, 6) for r in rollouts}
     assert len(rewards) > 5 and max(rewards) == 1.0 and min(rewards) < 0.9

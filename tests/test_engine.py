@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import palaestra as pa
 from palaestra import (
     DatasetError,
     MultiTurnEnv,
@@ -96,7 +97,8 @@ def comparable(rollouts: list[Rollout]) -> list[dict[str, Any]]:
 async def dice_run(*, seed: int, max_concurrent: int = 8) -> list[Rollout]:
     env = Dice(dataset=rows(6), max_turns=8, rubric=Rubric([lucky]))
     return await env.run(
-        ScriptedClient(dice_policy), rollouts_per_example=3, seed=seed, max_concurrent=max_concurrent
+        ScriptedClient(dice_policy),
+        pa.RunSpec(rollouts_per_example=3, seed=seed, max_concurrent=max_concurrent),
     )
 
 
@@ -111,7 +113,7 @@ def other_tasks() -> set[asyncio.Task[Any]]:
 async def test_run_returns_every_rollout_once_in_order() -> None:
     policy = InFlight()
     env = single_turn(5)
-    rollouts = await env.run(ScriptedClient(policy), n=3, rollouts_per_example=4)
+    rollouts = await env.run(ScriptedClient(policy), pa.RunSpec(num_examples=3, rollouts_per_example=4))
     keys = [(r.example_id, r.rollout_index) for r in rollouts]
     assert keys == [(e, i) for e in range(3) for i in range(4)]
     assert policy.started == 12
@@ -137,7 +139,9 @@ async def test_on_rollout_is_called_once_per_rollout_with_reward_set() -> None:
     def record(rollout: Rollout) -> None:
         seen.append((rollout.example_id, rollout.rollout_index, rollout.reward))
 
-    rollouts = await single_turn(3).run(ScriptedClient(InFlight()), rollouts_per_example=2, on_rollout=record)
+    rollouts = await single_turn(3).run(
+        ScriptedClient(InFlight()), pa.RunSpec(rollouts_per_example=2), on_rollout=record
+    )
     assert sorted(seen) == [(r.example_id, r.rollout_index, 1.0) for r in rollouts]
 
 
@@ -149,13 +153,15 @@ async def test_async_on_rollout_is_awaited() -> None:
         assert rollout.reward is not None and rollout.metrics["correct"] == 1.0
         seen.append((rollout.example_id, rollout.rollout_index))
 
-    await single_turn(3).run(ScriptedClient(InFlight()), rollouts_per_example=2, on_rollout=record)
+    await single_turn(3).run(
+        ScriptedClient(InFlight()), pa.RunSpec(rollouts_per_example=2), on_rollout=record
+    )
     assert sorted(seen) == [(e, i) for e in range(3) for i in range(2)]
 
 
 async def test_stream_yields_each_scored_rollout_once_group_by_group() -> None:
     env = single_turn(4)
-    streamed = [r async for r in env.stream(ScriptedClient(InFlight()), rollouts_per_example=3)]
+    streamed = [r async for r in env.stream(ScriptedClient(InFlight()), pa.RunSpec(rollouts_per_example=3))]
     assert Counter((r.example_id, r.rollout_index) for r in streamed) == Counter(
         (e, i) for e in range(4) for i in range(3)
     )
@@ -202,17 +208,17 @@ async def test_results_do_not_depend_on_max_concurrent() -> None:
 
 async def test_max_concurrent_bounds_requests_in_flight() -> None:
     policy = InFlight(delay=0.02)
-    await single_turn(10).run(ScriptedClient(policy), max_concurrent=3)
+    await single_turn(10).run(ScriptedClient(policy), pa.RunSpec(max_concurrent=3))
     assert policy.peak == 3
     assert policy.started == 10
 
 
 async def test_max_concurrent_counts_requests_not_groups() -> None:
     policy = InFlight(delay=0.02)
-    await single_turn(1).run(ScriptedClient(policy), rollouts_per_example=4, max_concurrent=2)
+    await single_turn(1).run(ScriptedClient(policy), pa.RunSpec(rollouts_per_example=4, max_concurrent=2))
     assert policy.peak == 2
     policy = InFlight(delay=0.02)
-    await single_turn(2).run(ScriptedClient(policy), rollouts_per_example=4, max_concurrent=64)
+    await single_turn(2).run(ScriptedClient(policy), pa.RunSpec(rollouts_per_example=4, max_concurrent=64))
     assert policy.peak == 8  # all requests at once when the limit allows
 
 
@@ -236,27 +242,25 @@ async def test_a_rollout_in_its_env_turn_holds_no_request_slot() -> None:
         return "x"
 
     env = SlowEnv(dataset=rows(4), max_turns=3, rubric=Rubric([correct]))
-    await env.run(ScriptedClient(policy), max_concurrent=1)
+    await env.run(ScriptedClient(policy), pa.RunSpec(max_concurrent=1))
     assert len(overlapped) == 12
     assert any(overlapped)  # a request ran while another rollout was in its env turn
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
+    ("kwargs", "match"),
     [
-        ({"rollouts_per_example": 0}, ValueError, "rollouts_per_example"),
-        ({"max_concurrent": 0}, ValueError, "max_concurrent"),
-        ({"max_concurrent": -1}, ValueError, "max_concurrent"),
-        ({"n": 0}, DatasetError, "n is 0"),
+        ({"rollouts_per_example": 0}, "rollouts_per_example"),
+        ({"max_concurrent": 0}, "max_concurrent"),
+        ({"max_concurrent": -1}, "max_concurrent"),
+        ({"num_examples": 0}, "num_examples is 0"),
+        ({"seed": 2**64}, "seed"),
+        ({"rollouts_per_example": True}, "rollouts_per_example"),
     ],
 )
-async def test_invalid_run_arguments_raise_clear_errors(
-    kwargs: dict[str, Any], error: type, match: str
-) -> None:
-    policy = InFlight()
-    with pytest.raises(error, match=match):
-        await single_turn(2).run(ScriptedClient(policy), **kwargs)
-    assert policy.started == 0
+def test_invalid_run_specs_raise_clear_errors(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        pa.RunSpec(**kwargs)
 
 
 async def test_empty_dataset_is_a_clear_error() -> None:
@@ -275,7 +279,9 @@ async def test_group_reward_sees_exactly_one_examples_rollouts() -> None:
         groups.append((example_id, rollout_index))
         return [0.0] * len(example_id)
 
-    await single_turn(5, relative).run(ScriptedClient(InFlight()), rollouts_per_example=3, max_concurrent=2)
+    await single_turn(5, relative).run(
+        ScriptedClient(InFlight()), pa.RunSpec(rollouts_per_example=3, max_concurrent=2)
+    )
     assert sorted(ids[0] for ids, _ in groups) == [0, 1, 2, 3, 4]
     for ids, indices in groups:
         assert ids == [ids[0]] * 3
@@ -296,7 +302,9 @@ async def test_cancelling_a_run_cancels_every_pending_rollout() -> None:
             enough.set()
 
     env = single_turn(40)
-    task = asyncio.create_task(env.run(ScriptedClient(policy), max_concurrent=2, on_rollout=record))
+    task = asyncio.create_task(
+        env.run(ScriptedClient(policy), pa.RunSpec(max_concurrent=2), on_rollout=record)
+    )
     await enough.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -314,7 +322,7 @@ async def test_cancelling_a_run_cancels_every_pending_rollout() -> None:
 async def test_breaking_out_of_stream_cancels_the_rest() -> None:
     policy = InFlight(delay=0.01)
     env = single_turn(30)
-    async for rollout in env.stream(ScriptedClient(policy), max_concurrent=4):
+    async for rollout in env.stream(ScriptedClient(policy), pa.RunSpec(max_concurrent=4)):
         assert rollout.reward == 1.0
         break
     await asyncio.sleep(0.02)  # the abandoned generator is closed by the event loop
@@ -328,7 +336,9 @@ async def test_breaking_out_of_stream_cancels_the_rest() -> None:
 async def test_closing_a_stream_cancels_the_rest_at_once() -> None:
     policy = InFlight(delay=0.01)
     env = single_turn(30)
-    async with contextlib.aclosing(env.stream(ScriptedClient(policy), max_concurrent=4)) as stream:
+    async with contextlib.aclosing(
+        env.stream(ScriptedClient(policy), pa.RunSpec(max_concurrent=4))
+    ) as stream:
         async for _ in stream:
             break
     assert policy.now == 0
@@ -342,9 +352,76 @@ async def test_raising_on_rollout_propagates_and_cancels_the_rest() -> None:
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        await single_turn(30).run(ScriptedClient(policy), max_concurrent=4, on_rollout=explode)
+        await single_turn(30).run(ScriptedClient(policy), pa.RunSpec(max_concurrent=4), on_rollout=explode)
     assert policy.now == 0
     assert other_tasks() == set()
     started = policy.started
     await asyncio.sleep(0.03)
     assert policy.started == started < 30
+
+
+# --- a custom environment only talks to a client --------------------------------------------------
+
+
+class Ask(pa.Environment):
+    """A custom episode: two requests per rollout, no limiter, no timeout handling of its own."""
+
+    async def episode(
+        self, client: pa.ModelClient, rollout: Rollout, state: State, sampling: pa.Sampling
+    ) -> None:
+        for _ in range(2):
+            reply = await client.chat(rollout.messages, sampling=sampling)
+            rollout.completion.append(reply.message)
+        if rollout.completion[-1]["content"] == "raise":
+            raise KeyError("the episode's own bug")
+
+
+async def test_a_custom_episode_gets_a_client_limited_by_the_engine() -> None:
+    policy = InFlight(delay=0.02)
+    rollouts = await Ask(dataset=rows(6)).run(ScriptedClient(policy), pa.RunSpec(max_concurrent=2))
+    assert policy.peak == 2 and policy.finished == 12
+    assert all(len(r.completion) == 2 and r.error is None for r in rollouts)
+
+
+async def test_a_custom_episode_waits_for_slots_outside_its_timeout_and_its_errors_are_recorded() -> None:
+    async def policy(messages: Messages) -> str:
+        await asyncio.sleep(0.05)
+        return "raise" if messages[0]["content"] == "q3" else "ok"
+
+    env = Ask(dataset=rows(4), timeout=0.15)  # own time 0.1 s; the last waits ~0.3 s for the slot
+    rollouts = await env.run(ScriptedClient(policy), pa.RunSpec(max_concurrent=1))
+    assert [r.error is None for r in rollouts] == [True, True, True, False]
+    error = rollouts[3].error
+    assert error is not None and (error.type, error.stage) == ("KeyError", "env")
+    assert rollouts[3].stop_reason == "error" and len(rollouts[3].completion) == 2  # work kept
+
+
+async def test_a_model_error_raised_through_a_custom_episode_has_stage_model() -> None:
+    def policy() -> str:
+        raise pa.ModelConnectionError("server gone")
+
+    (rollout,) = await Ask(dataset=rows(1)).run(ScriptedClient(policy))
+    assert rollout.error is not None and (rollout.error.type, rollout.error.stage) == (
+        "ModelConnectionError",
+        "model",
+    )
+
+
+# --- groups start a bounded number at a time --------------------------------------------------------
+
+
+async def test_groups_start_in_order_a_bounded_number_at_a_time() -> None:
+    groups_done_when_started: dict[int, int] = {}
+    done: list[int] = []
+
+    async def policy(messages: Messages) -> str:
+        groups_done_when_started.setdefault(int(messages[-1]["content"][1:]), len(done) // 2)
+        await asyncio.sleep(0.005)
+        return "x"
+
+    spec = pa.RunSpec(rollouts_per_example=2, max_concurrent=4)
+    await single_turn(40).run(ScriptedClient(policy), spec, on_rollout=lambda r: done.append(r.example_id))
+    in_flight = pa.engine.groups_in_flight(spec)
+    assert in_flight == 4 and list(groups_done_when_started) == list(range(40))  # started in order
+    # example k starts only once k - in_flight groups are done: progress is saved from the start
+    assert all(groups_done_when_started[k] >= k - in_flight for k in range(40))

@@ -10,6 +10,7 @@ from typing import Any
 import datasets
 import pytest
 
+import palaestra as pa
 from palaestra import (
     DatasetError,
     Final,
@@ -403,7 +404,7 @@ async def test_waiting_for_a_request_slot_does_not_count_against_the_timeout() -
         return "done"
 
     env = SingleTurnEnv(dataset=[{"question": str(i)} for i in range(5)], timeout=0.3)
-    rollouts = await env.run(ScriptedClient(policy), max_concurrent=1)
+    rollouts = await env.run(ScriptedClient(policy), pa.RunSpec(max_concurrent=1))
     # each rollout's own time is 0.1 s; the last waits 0.4 s for the single slot
     assert [r.stop_reason for r in rollouts] == ["answered"] * 5
     assert all(r.error is None for r in rollouts)
@@ -415,7 +416,7 @@ async def test_own_time_still_times_out_under_a_concurrency_limit() -> None:
         return "late"
 
     env = SingleTurnEnv(dataset=[{"question": "a"}, {"question": "b"}], timeout=0.1)
-    rollouts = await env.run(ScriptedClient(policy), max_concurrent=2)
+    rollouts = await env.run(ScriptedClient(policy), pa.RunSpec(max_concurrent=2))
     assert [r.stop_reason for r in rollouts] == ["timeout", "timeout"]
 
 
@@ -460,7 +461,7 @@ async def test_request_seeds_differ_per_turn_and_rollout_and_are_reproducible() 
             return "ok"
 
         env = Counter(dataset=[{"question": "a"}, {"question": "b"}], max_turns=3)
-        rollouts = await env.run(ScriptedClient(policy), rollouts_per_example=2, seed=run_seed)
+        rollouts = await env.run(ScriptedClient(policy), pa.RunSpec(rollouts_per_example=2, seed=run_seed))
         assert len(rollouts) == 4
         return [seen["a"], seen["b"]]
 
@@ -483,7 +484,7 @@ async def test_sampling_arguments_reach_the_client_with_a_seed() -> None:
 
     env = SingleTurnEnv(dataset=[{"question": "q"}], sampling=Sampling(temperature=0.3, max_tokens=9))
     await env.run(ScriptedClient(policy))
-    await env.run(ScriptedClient(policy), sampling=Sampling(temperature=1.0))
+    await env.run(ScriptedClient(policy), pa.RunSpec(sampling=Sampling(temperature=1.0)))
     assert (seen[0].temperature, seen[0].max_tokens) == (0.3, 9)
     assert (seen[1].temperature, seen[1].max_tokens) == (1.0, None)
     assert seen[0].seed is not None
@@ -505,7 +506,7 @@ async def test_tools_are_passed_to_the_client() -> None:
 async def test_rollout_does_not_modify_the_example() -> None:
     env = Counter(dataset=[{"question": "go", "info": {"level": 1}}], max_turns=2)
     before = json.dumps([env.examples[0].prompt, env.examples[0].info])
-    rollouts = await env.run(ScriptedClient(echo), rollouts_per_example=3)
+    rollouts = await env.run(ScriptedClient(echo), pa.RunSpec(rollouts_per_example=3))
     rollouts[0].prompt.append(user("later edit"))
     rollouts[0].info["level"] = 99
     assert json.dumps([env.examples[0].prompt, env.examples[0].info]) == before
@@ -537,7 +538,7 @@ async def test_single_turn_env_has_one_turn_and_stops_answered() -> None:
         return "4"
 
     env = SingleTurnEnv(dataset=[{"question": "2+2?", "answer": "4"}], system_prompt="Be brief.")
-    rollouts = await env.run(ScriptedClient(policy), rollouts_per_example=2)
+    rollouts = await env.run(ScriptedClient(policy), pa.RunSpec(rollouts_per_example=2))
     for r in rollouts:
         assert r.stop_reason == "answered"
         assert r.completion == [{"role": "assistant", "content": "4"}]

@@ -35,7 +35,11 @@ def key(r: pa.Rollout) -> tuple[int, int]:
 
 async def test_evaluate_saves_every_rollout_and_the_metadata(tmp_path: Path) -> None:
     run = await pa.evaluate(
-        env(), noisy(), n=6, rollouts_per_example=2, seed=1, output_dir=tmp_path, env_id="reverse_text"
+        env(),
+        noisy(),
+        pa.RunSpec(num_examples=6, rollouts_per_example=2, seed=1),
+        output_dir=tmp_path,
+        env_id="reverse_text",
     )
     assert run.path is not None and run.path.parent.parent == tmp_path / "evals"
     assert run.path.parent.name == "reverse_text--noisy"
@@ -62,7 +66,9 @@ async def test_evaluate_saves_every_rollout_and_the_metadata(tmp_path: Path) -> 
 
 async def test_in_memory_evaluation_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    run = await pa.evaluate(env(), noisy(), n=2, rollouts_per_example=2, output_dir=None)
+    run = await pa.evaluate(
+        env(), noisy(), pa.RunSpec(num_examples=2, rollouts_per_example=2), output_dir=None
+    )
     assert run.path is None and len(run.rollouts) == 4
     assert list(tmp_path.iterdir()) == []
 
@@ -82,10 +88,7 @@ async def test_a_cancelled_run_is_saved_as_interrupted_with_whole_groups(tmp_pat
             delivered.set()
 
     task = asyncio.create_task(
-        pa.evaluate(
-            env(), pa.ScriptedClient(slow, model="slow"), n=10, rollouts_per_example=3,
-            max_concurrent=2, output_dir=tmp_path, on_rollout=seen,
-        )
+        pa.evaluate(env(), pa.ScriptedClient(slow, model="slow"), pa.RunSpec(num_examples=10, rollouts_per_example=3, max_concurrent=2), output_dir=tmp_path, on_rollout=seen)
     )  # fmt: skip
     await delivered.wait()
     task.cancel()
@@ -94,13 +97,15 @@ async def test_a_cancelled_run_is_saved_as_interrupted_with_whole_groups(tmp_pat
     (run_dir,) = (tmp_path / "evals").glob("*/*")
     meta = json.loads((run_dir / "metadata.json").read_text())
     saved, skipped = RunStore.open(run_dir).load_rollouts()
-    assert meta["status"] == "interrupted" and skipped == 0
+    assert meta["status"] == "interrupted" and skipped == []
     assert 6 <= len(saved) < 30 and len(saved) % 3 == 0  # whole groups only
     assert meta["counts"]["saved"] == len(saved)
 
 
 async def test_resume_keeps_whole_groups_and_drops_a_torn_write(tmp_path: Path) -> None:
-    first = await pa.evaluate(env(), noisy(), n=8, rollouts_per_example=2, seed=5, output_dir=tmp_path)
+    first = await pa.evaluate(
+        env(), noisy(), pa.RunSpec(num_examples=8, rollouts_per_example=2, seed=5), output_dir=tmp_path
+    )
     assert first.path is not None
     results = first.path / "results.jsonl"
     lines = results.read_text().splitlines(keepends=True)
@@ -113,7 +118,11 @@ async def test_resume_keeps_whole_groups_and_drops_a_torn_write(tmp_path: Path) 
     (first.path / "metadata.json").write_text(json.dumps(meta))
 
     resumed = await pa.evaluate(
-        env(), noisy(), n=8, rollouts_per_example=2, seed=5, output_dir=tmp_path, resume=first.path
+        env(),
+        noisy(),
+        pa.RunSpec(num_examples=8, rollouts_per_example=2, seed=5),
+        output_dir=tmp_path,
+        resume=first.path,
     )
     assert sorted(key(r) for r in resumed.rollouts) == [(e, i) for e in range(8) for i in range(2)]
 
@@ -123,8 +132,8 @@ async def test_resume_keeps_whole_groups_and_drops_a_torn_write(tmp_path: Path) 
     # the same seed replays the same rollouts
     assert [replay(r) for r in resumed.rollouts] == [replay(r) for r in first.rollouts]
     on_disk, skipped = RunStore.open(first.path).load_rollouts()
-    assert skipped == 0 and sorted(key(r) for r in on_disk) == sorted(key(r) for r in resumed.rollouts)
-    assert resumed.metadata["status"] == "complete"
+    assert skipped == [] and sorted(key(r) for r in on_disk) == sorted(key(r) for r in resumed.rollouts)
+    assert resumed.metadata.status == "complete"
 
 
 @pytest.mark.slow
@@ -161,7 +170,7 @@ async def test_resume_after_sigkill_gives_exactly_n_times_r(tmp_path: Path) -> N
     assert resume.returncode == 0, err.decode()
     run = pa.load_run(results.parent)
     assert sorted(key(r) for r in run.rollouts) == [(e, i) for e in range(30) for i in range(2)]
-    assert run.metadata["status"] == "complete" and run.metadata["counts"]["saved"] == 60
+    assert run.metadata.status == "complete" and run.metadata.counts["saved"] == 60
     assert all(r.reward == 1.0 for r in run.rollouts)
 
 
@@ -203,7 +212,7 @@ def test_cli_eval_uses_the_environments_defaults(tmp_path: Path, capsys: pytest.
     )
     assert code == 0
     run = pa.load_run(next((tmp_path / "evals").glob("*/*")))
-    assert len(run.rollouts) == 60 and run.metadata["num_examples"] == 20
+    assert len(run.rollouts) == 60 and run.metadata.spec.num_examples == 20
     assert "60 rollouts" in capsys.readouterr().out
 
 
@@ -250,9 +259,9 @@ def test_resume_refuses_conflicting_flags(
 
 def test_resume_of_a_missing_or_foreign_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", "--resume", str(tmp_path / "nope")]) == 2
-    assert "no such run directory" in capsys.readouterr().err
+    assert "no such directory" in capsys.readouterr().err
     assert main(["eval", "--resume", str(tmp_path)]) == 2
-    assert "not a run directory (no metadata.json)" in capsys.readouterr().err
+    assert "not a run directory (no results.jsonl)" in capsys.readouterr().err
 
 
 def test_eval_without_an_environment_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -271,7 +280,7 @@ def test_report_command_writes_one_page_for_several_runs(
     assert main(["report", *map(str, runs), "-o", str(out)]) == 0
     page = out.read_text()
     for run in runs:
-        assert pa.load_run(run).metadata["run_id"] in page
+        assert pa.load_run(run).metadata.run_id in page
     capsys.readouterr()
     assert main(["report", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+import palaestra as pa
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import WORDS  # noqa: E402
 
-import palaestra as pa  # noqa: E402 - after the skips: these tests need torch and transformers
 from palaestra.clients.base import ModelError  # noqa: E402
 from palaestra.clients.local import CPU_DTYPE, LocalClient, pick_dtype  # noqa: E402
 
@@ -226,8 +227,8 @@ async def test_single_turn_env_runs_end_to_end_and_reproducibly(client: LocalCli
         rubric=pa.Rubric([length]),
         sampling=pa.Sampling(temperature=1.0, max_tokens=6),
     )
-    first = await env.run(client, rollouts_per_example=2, max_concurrent=8, seed=3)
-    second = await env.run(client, rollouts_per_example=2, max_concurrent=8, seed=3)
+    first = await env.run(client, pa.RunSpec(rollouts_per_example=2, max_concurrent=8, seed=3))
+    second = await env.run(client, pa.RunSpec(rollouts_per_example=2, max_concurrent=8, seed=3))
     assert len(first) == 8 and all(r.error is None and r.stop_reason == "answered" for r in first)
     assert all(r.turns[0].token_ids and len(r.turns[0].logprobs) == len(r.turns[0].token_ids) for r in first)
     assert [r.completion for r in first] == [r.completion for r in second]

@@ -109,7 +109,7 @@ async def test_transient_failures_are_retried_until_success(transport: str) -> N
     plan = FaultPlan([{"fault": "status", "status": 500, "attempts": 2}])
     async with FakeOpenAIServer(reverse_reply, faults=plan) as server:
         async with client_for(server, transport, max_retries=2) as client:
-            rollouts = await reverse_env(4).run(client, rollouts_per_example=2, max_concurrent=8)
+            rollouts = await reverse_env(4).run(client, pa.RunSpec(rollouts_per_example=2, max_concurrent=8))
     assert [r.error for r in rollouts] == [None] * 8
     assert all(r.reward == 1.0 for r in rollouts)
     # both rollouts of an example send the same messages: 2 failed attempts, then 2 answers
@@ -137,7 +137,7 @@ async def test_every_fault_ends_as_a_recorded_error_and_nothing_is_lost(
     plan = FaultPlan([None, None, fault])
     async with FakeOpenAIServer(reverse_reply, faults=plan) as server:
         async with client_for(server, transport, timeout=0.3, max_retries=0) as client:
-            rollouts = await reverse_env(6).run(client, rollouts_per_example=2, max_concurrent=4)
+            rollouts = await reverse_env(6).run(client, pa.RunSpec(rollouts_per_example=2, max_concurrent=4))
     keys = Counter((r.example_id, r.rollout_index) for r in rollouts)
     assert sorted(keys) == [(e, i) for e in range(6) for i in range(2)] and set(keys.values()) == {1}
     failed = [r for r in rollouts if r.error is not None]
@@ -182,9 +182,9 @@ async def test_scripted_and_http_clients_give_identical_rollouts() -> None:
     env = reverse_env(5)
     async with FakeOpenAIServer(reverse_reply) as server:
         async with client_for(server) as http:
-            over_http = await env.run(http, rollouts_per_example=3, seed=7)
+            over_http = await env.run(http, pa.RunSpec(rollouts_per_example=3, seed=7))
     scripted = pa.ScriptedClient(lambda messages: reverse_reply({"messages": messages}), model="fake-model")
-    in_process = await env.run(scripted, rollouts_per_example=3, seed=7)
+    in_process = await env.run(scripted, pa.RunSpec(rollouts_per_example=3, seed=7))
     assert [r.reward for r in over_http] == [r.reward for r in in_process] == [1.0] * 15
     assert [r.completion for r in over_http] == [r.completion for r in in_process]
     assert [r.seed for r in over_http] == [r.seed for r in in_process]

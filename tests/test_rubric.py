@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import palaestra as pa
 from palaestra import (
     BindingError,
     Parser,
@@ -46,7 +47,7 @@ async def run(
     **kwargs: Any,
 ) -> list[Rollout]:
     env = make_env(rubric, rows, **kwargs)
-    return await env.run(ScriptedClient(policy), rollouts_per_example=rollouts_per_example)
+    return await env.run(ScriptedClient(policy), pa.RunSpec(rollouts_per_example=rollouts_per_example))
 
 
 # --- weights -------------------------------------------------------------------------------------
@@ -145,7 +146,7 @@ async def test_argument_is_bound_by_name(name: str) -> None:
     # as if declared `def probe(<name>)`: the binder reads the signature
     probe.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY)])
     env = make_env(Rubric([probe]))
-    rollouts = await env.run(ScriptedClient(reply_with_seed), rollouts_per_example=2)
+    rollouts = await env.run(ScriptedClient(reply_with_seed), pa.RunSpec(rollouts_per_example=2))
     assert len(seen) == len(rollouts) == 4
     for kwargs, rollout in zip(seen, rollouts, strict=True):
         assert list(kwargs) == [name]  # only what it asked for
@@ -426,7 +427,7 @@ async def test_function_added_with_its_own_parser_gets_it() -> None:
     rubric = Rubric([plain])
     rubric.add(special, 1.0, parser=own)
     env = make_env(rubric)
-    await env.run(ScriptedClient(reply_with_seed), n=1)
+    await env.run(ScriptedClient(reply_with_seed), pa.RunSpec(num_examples=1))
     assert seen["special"] is own
     assert seen["plain"] is env.parser
 

@@ -70,7 +70,7 @@ async def test_generated_environment_runs_with_a_scripted_client(
     def oracle(messages: pa.Messages) -> str:
         return f"<answer>{answers[messages[-1]['content']]}</answer>"
 
-    rollouts = await env.run(pa.ScriptedClient(oracle), rollouts_per_example=2)
+    rollouts = await env.run(pa.ScriptedClient(oracle), pa.RunSpec(rollouts_per_example=2))
     assert len(rollouts) == 2 * len(answers) > 0
     assert all(r.error is None and r.reward == 1.0 for r in rollouts)
     assert all(r.metrics["format_reward"] == 1.0 for r in rollouts)

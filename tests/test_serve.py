@@ -333,7 +333,7 @@ async def test_palaestra_eval_runs_over_the_server(transport: str) -> None:
     env = pa.SingleTurnEnv(dataset=rows, system_prompt="Add.", rubric=pa.Rubric([correct]))
     async with running(pa.ScriptedClient(answer, model="adder")) as url:
         async with pa.OpenAIClient("adder", base_url=url, transport=transport) as client:
-            rollouts = await env.run(client, rollouts_per_example=2, max_concurrent=4, seed=1)
+            rollouts = await env.run(client, pa.RunSpec(rollouts_per_example=2, max_concurrent=4, seed=1))
     assert len(rollouts) == 12 and all(r.error is None for r in rollouts)
     assert [r.reward for r in rollouts] == [1.0] * 12
     assert all(r.usage.completion_tokens == 1 for r in rollouts)
@@ -402,3 +402,67 @@ async def test_serving_a_local_model(tiny_model_dir: Path) -> None:
     assert reply.choices[0].message.content == streamed == direct.content
     tokens = [t.token for t in reply.choices[0].logprobs.content]
     assert tokens == [tokenizer.decode([i]) for i in direct.token_ids]  # the client's tokenizer, as text
+
+
+class Streamer:
+    """A streaming client: one word per chunk, 20 ms apart; records when its generation ends."""
+
+    model = MODEL
+
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+
+    async def chat(
+        self, messages: pa.Messages, *, tools: Any = None, sampling: pa.Sampling
+    ) -> pa.ModelResponse:
+        raise AssertionError("a streamed request must use chat_stream")
+
+    async def chat_stream(
+        self, messages: pa.Messages, *, tools: Any = None, sampling: pa.Sampling
+    ) -> AsyncIterator[pa.ChatChunk]:
+        words = messages[-1]["content"].split()
+        finished = False
+        try:
+            for i, word in enumerate(words):
+                await asyncio.sleep(0.02)
+                yield pa.ChatChunk(text=word if i == 0 else " " + word, token_ids=[i], logprobs=[-0.5])
+            reply = pa.ModelResponse(
+                {"role": "assistant", "content": " ".join(words)},
+                "stop",
+                pa.Usage(3, len(words)),
+                token_ids=list(range(len(words))),
+                logprobs=[-0.5] * len(words),
+            )
+            finished = True
+            self.ended.append("done")
+            yield pa.ChatChunk(response=reply)
+        except (GeneratorExit, asyncio.CancelledError):
+            if not finished:
+                self.ended.append("cancelled")
+            raise
+
+
+async def test_a_streaming_client_streams_live_and_a_disconnect_cancels_it() -> None:
+    streamer = Streamer()
+    text = " ".join(f"w{i}" for i in range(40))
+    async with running(streamer) as url, openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0) as sdk:
+        stream = await sdk.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "a b c"}], stream=True, logprobs=True
+        )
+        chunks = [c async for c in stream]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "a b c"
+        assert [c.choices[0].finish_reason for c in chunks][-1] == "stop"
+        assert [t.logprob for t in chunks[-1].choices[0].logprobs.content] == [-0.5] * 3
+        assert streamer.ended == ["done"]
+
+        # a caller that leaves after the first words: the server stops generating for it
+        async with aiohttp.ClientSession() as session:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "stream": True}
+            async with session.post(f"{url}/chat/completions", json=body) as resp:
+                first = await resp.content.readline()
+                assert first.startswith(b"data: ")
+        for _ in range(100):
+            if len(streamer.ended) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert streamer.ended == ["done", "cancelled"]  # well before its 40 words (0.8 s) were made

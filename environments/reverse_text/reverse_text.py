@@ -1,6 +1,6 @@
 """Reverse Text: the model reverses a paragraph character by character.
 
-A single-turn environment (the first example of the talk in ``specs/talk.txt``). The dataset is
+A single-turn environment (the first example of the talk that started palaestra, "Let LLMs Wander"). The dataset is
 generated in code from ``seed``: paragraphs of sentences drawn from a fixed word list, so nothing
 is downloaded and the same seed always gives the same paragraphs. The reply is parsed from
 ``<reversed_text>`` tags and scored by its ``difflib.SequenceMatcher`` ratio to the true reversal.
@@ -15,6 +15,7 @@ import random
 from difflib import SequenceMatcher
 
 import palaestra as pa
+from palaestra.checks import check_int, check_text
 
 SYSTEM_PROMPT = (
     "Reverse the text you are given character by character: the last character first, the first "
@@ -71,12 +72,9 @@ def load_environment(
     num_examples: int = 1000, seed: int = 0, system_prompt: str = SYSTEM_PROMPT
 ) -> pa.SingleTurnEnv:
     """The Reverse Text environment with ``num_examples`` paragraphs generated from ``seed``."""
-    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
-        raise ValueError(f"num_examples must be an integer of at least 1, got {num_examples!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    if not isinstance(system_prompt, str) or not system_prompt.strip():
-        raise ValueError("system_prompt must be a non-empty string")
+    check_int("num_examples", num_examples, minimum=1)
+    check_int("seed", seed)
+    check_text("system_prompt", system_prompt)
     parser = pa.XMLParser(["reversed_text"])
     rubric = pa.Rubric(parser=parser)
     rubric.add(lcs_reward, weight=1.0)

@@ -23,11 +23,11 @@ from palaestra.cli.common import (
     make_client,
     make_sampling,
     parse_json_object,
-    run_async,
 )
 from palaestra.cli.eval import add_eval_arguments, cmd_eval
 from palaestra.cli.train import add_train_parser
 from palaestra.eval.store import RunStoreError
+from palaestra.runner import run_async
 
 USER_ERRORS = (
     UsageError,

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import importlib
 import json
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,15 +17,6 @@ SAMPLING_FIELDS = {f.name for f in dataclasses.fields(pa.Sampling)} - {"extra"}
 
 class UsageError(Exception):
     """Input the user can fix; printed as one line."""
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run on uvloop (a faster event loop) where it is installed, else on asyncio."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def parse_json_object(text: str, flag: str) -> dict[str, Any]:

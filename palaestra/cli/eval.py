@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,13 @@ from palaestra.cli.common import (
     make_client,
     make_sampling,
     parse_json_object,
-    run_async,
 )
-from palaestra.eval.run import EvalRun, evaluate
-from palaestra.eval.store import RunStore
+from palaestra.eval.run import evaluate
+from palaestra.eval.store import EvalRun, RunStore
 from palaestra.eval.summary import pick_sample, render_rollout, render_summary
 from palaestra.registry import eval_defaults
+from palaestra.runner import run_async
+from palaestra.types import RunSpec
 
 
 def add_eval_arguments(ev: argparse.ArgumentParser) -> None:
@@ -53,15 +55,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not args.env:
             raise UsageError("give an environment (or --resume RUN_DIR)")
         settings = _fresh_settings(args)
-    for flag, value in (("-r", settings["r"]), ("-c", settings["max_concurrent"])):
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
-    env = pa.load_environment(settings["env_id"], **settings["env_args"])
-    env.select(settings["n"])  # no examples to run is a usage error, found before any request
-    sampling = settings["sampling"] or make_sampling(env.sampling, args)
-    client = make_client(
-        settings["model"], settings["base_url"], settings["api_key_var"], settings["max_concurrent"]
-    )
+    env = pa.load_environment(settings.env_id, **settings.env_args)
+    spec = settings.spec
+    env.select(spec.num_examples)  # no examples to run is a usage error, found before any request
+    if spec.sampling is None:
+        spec = spec.replace(sampling=make_sampling(env.sampling, args))
+    client = make_client(settings.model, settings.base_url, settings.api_key_var, spec.max_concurrent)
 
     async def go() -> EvalRun:
         try:
@@ -70,14 +69,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             return await evaluate(
                 env,
                 client,
-                n=settings["n"],
-                rollouts_per_example=settings["r"],
-                max_concurrent=settings["max_concurrent"],
-                seed=settings["seed"],
-                sampling=sampling,
+                spec,
                 output_dir=args.output_dir,
-                env_id=settings["env_id"],
-                env_args=settings["env_args"],
+                env_id=settings.env_id,
+                env_args=settings.env_args,
                 resume=args.resume,
                 progress=None if args.quiet else True,
             )
@@ -90,7 +85,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         saved = _latest_run(args, settings)
         hint = f"; resume with: palaestra eval --resume {saved}" if saved else ""
         raise KeyboardInterrupt(f"interrupted{hint}") from None
-    title = f"{settings['env_id']} · {settings['model']} · {run.metadata['counts']['saved']} rollouts"
+    title = f"{settings.env_id} · {settings.model} · {run.metadata.counts['saved']} rollouts"
     render_summary(console, run.summary, title=title)
     sample = pick_sample(run.rollouts)
     if sample is not None and not args.quiet:
@@ -105,28 +100,45 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fresh_settings(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Settings:
+    """What ``palaestra eval`` runs: from the flags, or from a saved run's metadata."""
+
+    env_id: str
+    env_args: dict[str, Any]
+    model: str
+    base_url: str
+    api_key_var: str
+    spec: RunSpec  # sampling None: the environment's, with -S/-t/-T applied
+
+
+def _fresh_settings(args: argparse.Namespace) -> Settings:
     defaults = eval_defaults(args.env)
     env_args = (
         parse_json_object(args.env_args, "-a") if args.env_args is not None else defaults.get("env_args", {})
     )
-    return {
-        "env_id": args.env,
-        "env_args": env_args,
-        "model": args.model or DEFAULT_MODEL,
-        "base_url": args.base_url,
-        "api_key_var": args.api_key_var,
-        "n": args.num_examples if args.num_examples is not None else defaults.get("num_examples", 5),
-        "r": args.rollouts_per_example
-        if args.rollouts_per_example is not None
-        else defaults.get("rollouts_per_example", 3),
-        "max_concurrent": args.max_concurrent,
-        "seed": args.seed,
-        "sampling": None,
-    }
+    n = args.num_examples if args.num_examples is not None else defaults.get("num_examples", 5)
+    r = args.rollouts_per_example
+    r = r if r is not None else defaults.get("rollouts_per_example", 3)
+    try:
+        spec = RunSpec(
+            num_examples=n, rollouts_per_example=r, max_concurrent=args.max_concurrent, seed=args.seed
+        )
+    except ValueError as exc:
+        raise UsageError(_flag_error(str(exc))) from None
+    return Settings(args.env, env_args, args.model or DEFAULT_MODEL, args.base_url, args.api_key_var, spec)
 
 
-def _resume_settings(args: argparse.Namespace) -> dict[str, Any]:
+def _flag_error(message: str) -> str:
+    """A RunSpec error in the terms of the command's flags."""
+    for name, flag in (("num_examples", "-n"), ("rollouts_per_example", "-r"), ("max_concurrent", "-c"),
+                       ("seed", "--seed")):  # fmt: skip
+        if message.startswith(name):
+            return flag + message.removeprefix(name)
+    return message
+
+
+def _resume_settings(args: argparse.Namespace) -> Settings:
     """The saved run's own settings; only -c (concurrency) and -k (key variable) may change."""
     meta = RunStore.open(args.resume).read_metadata()
     given = [flag for flag, value in (("ENV", args.env), ("-m", args.model), ("-a", args.env_args),
@@ -135,29 +147,25 @@ def _resume_settings(args: argparse.Namespace) -> dict[str, Any]:
     if given:
         raise UsageError(f"--resume uses the run's saved settings; drop {', '.join(given)}")
     try:
-        sampling = pa.Sampling(**meta["sampling"])
-        return {
-            "env_id": meta["env_id"],
-            "env_args": meta["env_args"],
-            "model": meta["model"],
-            "base_url": meta.get("base_url") or args.base_url,
-            "api_key_var": meta.get("api_key_var") or args.api_key_var,
-            "n": meta["num_examples"],
-            "r": meta["rollouts_per_example"],
-            "max_concurrent": args.max_concurrent,
-            "seed": meta["seed"],
-            "sampling": sampling,
-        }
-    except (KeyError, TypeError) as exc:
-        raise UsageError(f"{args.resume}: metadata.json lacks the run's settings ({exc})") from None
+        spec = meta.spec.replace(max_concurrent=args.max_concurrent)
+    except ValueError as exc:
+        raise UsageError(_flag_error(str(exc))) from None
+    return Settings(
+        env_id=meta.env_id,
+        env_args=meta.env_args,
+        model=meta.model,
+        base_url=meta.base_url or args.base_url,
+        api_key_var=meta.api_key_var or args.api_key_var,
+        spec=spec,
+    )
 
 
-def _latest_run(args: argparse.Namespace, settings: dict[str, Any]) -> Path | None:
+def _latest_run(args: argparse.Namespace, settings: Settings) -> Path | None:
     """The run directory an interrupted command was writing (for the resume hint)."""
     if args.resume is not None:
         return args.resume
     from palaestra.eval.store import run_dir_name
 
-    folder = args.output_dir / "evals" / run_dir_name(settings["env_id"], settings["model"])
+    folder = args.output_dir / "evals" / run_dir_name(settings.env_id, settings.model)
     runs = sorted(p for p in folder.glob("*") if p.is_dir()) if folder.is_dir() else []
     return runs[-1] if runs else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol, runtime_checkable
 
 from palaestra.types import ChatChunk, Messages, ModelResponse, Sampling
@@ -28,7 +28,7 @@ class StreamingClient(ModelClient, Protocol):
 
     def chat_stream(
         self, messages: Messages, *, tools: list[dict[str, Any]] | None = None, sampling: Sampling
-    ) -> AsyncIterator[ChatChunk]: ...
+    ) -> AsyncGenerator[ChatChunk, None]: ...
 
 
 class ModelError(Exception):

@@ -90,6 +90,6 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     # the weights are de-quantized already; without this save_pretrained refuses a "quantized" model
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers types it as always set
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

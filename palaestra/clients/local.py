@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     import torch
 
 DTypeName = Literal["auto", "bfloat16", "float16", "float32"]
-CPU_DTYPE = "float32"  # why: see the module docstring
+CPU_DTYPE: DTypeName = "float32"  # why: see the module docstring
 SAMPLING_EXTRA = ("top_k",)
 
 
@@ -124,9 +124,8 @@ class LocalClient:
         options = {"gguf_file": gguf_file, "trust_remote_code": trust_remote_code}
         tokenizer = AutoTokenizer.from_pretrained(path, **options)
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **options)
-        self._setup(
-            hf_model.to(torch_device), tokenizer, name or str(model), max_batch_size, batch_window, max_tokens
-        )
+        hf_model = hf_model.to(torch_device)  # type: ignore[arg-type]  # a transformers decorator hides .to()'s signature
+        self._setup(hf_model, tokenizer, name or str(model), max_batch_size, batch_window, max_tokens)
 
     @classmethod
     def from_model(

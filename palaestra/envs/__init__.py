@@ -1,7 +1,7 @@
 """Environment types: single-turn and multi-turn."""
 
-from palaestra.envs.base import DatasetError, Environment
-from palaestra.envs.multiturn import Final, MultiTurnEnv, RolloutTimeout, stop
+from palaestra.envs.base import DatasetError, Environment, RolloutTimeout
+from palaestra.envs.multiturn import Final, MultiTurnEnv, stop
 from palaestra.envs.singleturn import SingleTurnEnv
 
 __all__ = ["DatasetError", "Environment", "Final", "MultiTurnEnv", "RolloutTimeout", "SingleTurnEnv", "stop"]

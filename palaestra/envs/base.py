@@ -1,8 +1,9 @@
 """Environment: a dataset of examples, a prompt format, a parser and a rubric, plus ``run``.
 
-Subclasses implement ``rollout`` (``MultiTurnEnv`` does, for every turn-based environment).
-``run``/``stream`` hand the rollouts to the engine, so eval, data generation and training all
-share one rollout path.
+``rollout`` plays one episode: it builds the ``Rollout`` record and its ``State``, runs the
+subclass's ``episode`` under the rollout timeout and records any failure. ``MultiTurnEnv``
+implements ``episode`` for every turn-based environment. ``run``/``stream`` hand the rollouts to
+the engine, so eval, data generation and training all share one rollout path.
 """
 
 from __future__ import annotations
@@ -10,19 +11,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+import random
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from palaestra.clients.base import ModelClient
+from palaestra.clients.base import ModelClient, ModelError
+from palaestra.clients.limited import rollout_deadline
 from palaestra.parsers import Parser
 from palaestra.rubric import Rubric
-from palaestra.types import Example, Messages, Rollout, Sampling
+from palaestra.types import ErrorInfo, Example, Messages, Rollout, RunSpec, Sampling, State, derive_seed
 
 OnRollout = Callable[[Rollout], Awaitable[None] | None]
 
 
 class DatasetError(ValueError):
     """A dataset row cannot be turned into an example."""
+
+
+class RolloutTimeout(Exception):
+    """The rollout ran past the environment's ``timeout`` (time waiting for a request slot excluded)."""
 
 
 class Environment:
@@ -47,7 +55,11 @@ class Environment:
         sampling: Sampling | None = None,
         tools: list[dict[str, Any]] | None = None,
         pass_threshold: float = 0.5,
+        timeout: float | None = None,
     ) -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        self.timeout = timeout  # seconds a rollout may take, waiting for a request slot excluded
         self.system_prompt = system_prompt
         self.pass_threshold = pass_threshold  # a rollout "passes" (pass@k) at this reward or above
         self.few_shot = list(few_shot or [])
@@ -96,10 +108,49 @@ class Environment:
         rollout_index: int = 0,
         seed: int = 0,
         sampling: Sampling | None = None,
-        limiter: asyncio.Semaphore | None = None,
     ) -> Rollout:
-        """Play one episode of ``example``; failures are recorded on the rollout, not raised."""
-        raise NotImplementedError
+        """Play one episode of ``example``; failures are recorded on the rollout, never raised.
+
+        The rollout's ``rng`` and seed come from (``seed``, example id, ``rollout_index``). The
+        episode runs under ``timeout``, except time the engine's client spends waiting for a free
+        request slot. Subclasses implement ``episode``, not this.
+        """
+        rollout_seed = derive_seed(seed, example.id, rollout_index)
+        state = State(example, random.Random(rollout_seed))
+        rollout = Rollout(
+            example_id=example.id,
+            rollout_index=rollout_index,
+            seed=rollout_seed,
+            prompt=[dict(m) for m in example.prompt],
+            answer=example.answer,
+            info=dict(example.info),
+            state=state,
+        )
+        start = time.perf_counter()
+        deadline = asyncio.timeout(self.timeout)
+        try:
+            async with deadline:
+                with rollout_deadline(deadline):
+                    await self.episode(client, rollout, state, sampling or self.sampling)
+        except TimeoutError as exc:
+            if not deadline.expired():  # a TimeoutError of the episode's own
+                _record(rollout, exc, "env")
+            else:
+                timeout = RolloutTimeout(f"rollout exceeded {self.timeout:g}s")
+                rollout.error = ErrorInfo.from_exception(timeout, stage="timeout")
+                rollout.stop_reason = "timeout"
+        except Exception as exc:  # noqa: BLE001 - an episode's failure is recorded, never raised
+            _record(rollout, exc, "model" if isinstance(exc, ModelError) else "env")
+        rollout.timing.total = time.perf_counter() - start
+        return rollout
+
+    async def episode(self, client: ModelClient, rollout: Rollout, state: State, sampling: Sampling) -> None:
+        """Play the episode: talk to ``client`` and append to ``rollout.completion`` and ``.turns``.
+
+        ``client`` is already limited by the engine (no semaphore needed here). An exception ends
+        the rollout with that error recorded (stage ``model`` for a ``ModelError``, else ``env``).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement episode (or use MultiTurnEnv)")
 
     def select(self, n: int = -1) -> list[Example]:
         """The first ``n`` examples (all when ``n`` is negative)."""
@@ -107,54 +158,23 @@ class Environment:
             raise DatasetError("no examples to run: the dataset is empty or n is 0")
         return self.examples if n < 0 else self.examples[:n]
 
-    def stream(
-        self,
-        client: ModelClient,
-        *,
-        n: int = -1,
-        rollouts_per_example: int = 1,
-        max_concurrent: int = 32,
-        seed: int = 0,
-        sampling: Sampling | None = None,
-    ) -> AsyncIterator[Rollout]:
+    def stream(self, client: ModelClient, spec: RunSpec | None = None) -> AsyncGenerator[Rollout, None]:
         """Scored rollouts as their groups finish (completion order, not example order)."""
         from palaestra.engine import stream_rollouts
 
-        return stream_rollouts(
-            self,
-            client,
-            self.select(n),
-            rollouts_per_example=rollouts_per_example,
-            max_concurrent=max_concurrent,
-            seed=seed,
-            sampling=sampling or self.sampling,
-        )
+        spec = spec or RunSpec()
+        return stream_rollouts(self, client, self.select(spec.num_examples), spec)
 
     async def run(
-        self,
-        client: ModelClient,
-        *,
-        n: int = -1,
-        rollouts_per_example: int = 1,
-        max_concurrent: int = 32,
-        seed: int = 0,
-        sampling: Sampling | None = None,
-        on_rollout: OnRollout | None = None,
+        self, client: ModelClient, spec: RunSpec | None = None, *, on_rollout: OnRollout | None = None
     ) -> list[Rollout]:
-        """Run and score ``n × rollouts_per_example`` rollouts; returned in (example, index) order.
+        """Run and score the rollouts ``spec`` asks for; returned in (example, index) order.
 
         ``on_rollout`` is called with each scored rollout as soon as its group is done, so a
         caller can save results incrementally.
         """
         results: list[Rollout] = []
-        stream = self.stream(
-            client,
-            n=n,
-            rollouts_per_example=rollouts_per_example,
-            max_concurrent=max_concurrent,
-            seed=seed,
-            sampling=sampling,
-        )
+        stream = self.stream(client, spec)
         async with contextlib.aclosing(stream):  # a failing callback still cancels the rest
             async for rollout in stream:
                 results.append(rollout)
@@ -163,3 +183,10 @@ class Environment:
                     if out is not None:
                         await out
         return sorted(results, key=lambda r: (r.example_id, r.rollout_index))
+
+
+def _record(rollout: Rollout, exc: BaseException, stage: str) -> None:
+    """Record ``exc`` as the rollout's error unless the episode already recorded one."""
+    if rollout.error is None:
+        rollout.error = ErrorInfo.from_exception(exc, stage=stage)
+        rollout.stop_reason = "error"

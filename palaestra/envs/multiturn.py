@@ -11,9 +11,7 @@ itself by returning ``Final(messages)``: those messages are appended and no mode
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +20,7 @@ from typing import Any, TypeVar
 from palaestra.binding import Binder
 from palaestra.clients.base import ModelClient
 from palaestra.envs.base import Environment
-from palaestra.types import ErrorInfo, Example, Messages, Rollout, Sampling, State, Turn, derive_seed
+from palaestra.types import ErrorInfo, Messages, Rollout, Sampling, State, Turn, derive_seed
 
 F = TypeVar("F", bound=Callable[..., Any])
 STOP_ARGS = ("messages", "state", "prompt", "completion")
@@ -49,23 +47,17 @@ class Final:
     reason: str = "env_final"
 
 
-class RolloutTimeout(Exception):
-    """The rollout ran past the environment's ``timeout`` (time waiting for a request slot excluded)."""
-
-
 class MultiTurnEnv(Environment):
     """Alternate model and environment turns, up to ``max_turns`` model replies.
 
-    ``timeout`` (seconds, ``None`` for none) bounds one rollout's own time: time spent waiting for
-    a free request slot under ``max_concurrent`` does not count.
+    Other keyword arguments (``timeout`` among them) are ``Environment``'s.
     """
 
-    def __init__(self, *, max_turns: int = 10, timeout: float | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, max_turns: int = 10, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         self.max_turns = max_turns
-        self.timeout = timeout
         found = []
         for name, member in inspect.getmembers(type(self), callable):
             if hasattr(member, "__palaestra_stop__"):
@@ -82,48 +74,7 @@ class MultiTurnEnv(Environment):
         """The environment's reply to the model's last message."""
         raise NotImplementedError(f"{type(self).__name__} must implement env_response")
 
-    async def rollout(
-        self,
-        client: ModelClient,
-        example: Example,
-        *,
-        rollout_index: int = 0,
-        seed: int = 0,
-        sampling: Sampling | None = None,
-        limiter: asyncio.Semaphore | None = None,
-    ) -> Rollout:
-        rollout_seed = derive_seed(seed, example.id, rollout_index)
-        state = State(example, random.Random(rollout_seed))
-        rollout = Rollout(
-            example_id=example.id,
-            rollout_index=rollout_index,
-            seed=rollout_seed,
-            prompt=[dict(m) for m in example.prompt],
-            answer=example.answer,
-            info=dict(example.info),
-            state=state,
-        )
-        start = time.perf_counter()
-        try:
-            async with asyncio.timeout(self.timeout) as deadline:
-                await self._play(client, rollout, state, sampling or self.sampling, limiter, deadline)
-        except TimeoutError:
-            rollout.error = ErrorInfo.from_exception(
-                RolloutTimeout(f"rollout exceeded {self.timeout:g}s"), stage="timeout"
-            )
-            rollout.stop_reason = "timeout"
-        rollout.timing.total = time.perf_counter() - start
-        return rollout
-
-    async def _play(
-        self,
-        client: ModelClient,
-        rollout: Rollout,
-        state: State,
-        sampling: Sampling,
-        limiter: asyncio.Semaphore | None,
-        deadline: asyncio.Timeout,
-    ) -> None:
+    async def episode(self, client: ModelClient, rollout: Rollout, state: State, sampling: Sampling) -> None:
         messages = rollout.prompt + rollout.completion
         ok, _ = await self._env_step(rollout, "setup_state", self.setup_state(state))
         if not ok:
@@ -134,7 +85,7 @@ class MultiTurnEnv(Environment):
             request = sampling.replace(seed=derive_seed(rollout.seed, state.turn))
             t0 = time.perf_counter()
             try:  # a copy: a client that keeps the list must not see later turns appear in it
-                response = await self._chat(client, list(messages), request, limiter, deadline)
+                response = await client.chat(list(messages), tools=self.tools, sampling=request)
             except Exception as exc:  # noqa: BLE001 - any model failure is recorded, never raised
                 rollout.error = ErrorInfo.from_exception(exc, stage="model")
                 rollout.stop_reason = "error"
@@ -178,33 +129,6 @@ class MultiTurnEnv(Environment):
             if isinstance(out, Final):
                 rollout.stop_reason = out.reason
                 return
-
-    async def _chat(
-        self,
-        client: ModelClient,
-        messages: Messages,
-        sampling: Sampling,
-        limiter: asyncio.Semaphore | None,
-        deadline: asyncio.Timeout,
-    ) -> Any:
-        if limiter is None:
-            return await client.chat(messages, tools=self.tools, sampling=sampling)
-        when = deadline.when()
-        if when is None:
-            async with limiter:
-                return await client.chat(messages, tools=self.tools, sampling=sampling)
-        # queueing for a slot is not this rollout's time: pause the deadline while waiting
-        loop = asyncio.get_running_loop()
-        waited_from = loop.time()
-        deadline.reschedule(None)
-        try:
-            await limiter.acquire()
-        finally:
-            deadline.reschedule(when + loop.time() - waited_from)
-        try:
-            return await client.chat(messages, tools=self.tools, sampling=sampling)
-        finally:
-            limiter.release()
 
     async def _env_step(self, rollout: Rollout, what: str, step: Any) -> tuple[bool, Any]:
         """Await an environment hook: (True, result), or (False, None) with the error recorded."""

@@ -1,6 +1,6 @@
 """Evaluation: run an environment against a model, save the run, summarise and report it."""
 
-from palaestra.eval.run import EvalRun, evaluate, load_run
-from palaestra.eval.store import RunStore, RunStoreError
+from palaestra.eval.run import evaluate
+from palaestra.eval.store import EvalRun, RunMetadata, RunStore, RunStoreError, load_run
 
-__all__ = ["EvalRun", "RunStore", "RunStoreError", "evaluate", "load_run"]
+__all__ = ["EvalRun", "RunMetadata", "RunStore", "RunStoreError", "evaluate", "load_run"]

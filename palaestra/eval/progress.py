@@ -10,7 +10,7 @@ import time
 from typing import TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from palaestra.types import Rollout
 
@@ -33,7 +33,7 @@ class EvalProgress:
         self._last_line = 0.0
         self._printed = done
         self._bar: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
 
     def __enter__(self) -> EvalProgress:
         if not self.plain:

@@ -10,82 +10,27 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from palaestra.eval.store import METADATA, RESULTS
+from palaestra.eval.store import RESULTS, EvalRun, load_run
 from palaestra.types import Rollout
 
 ASSETS = Path(__file__).with_name("report_assets")
-_DICT_FIELDS = ("env_args", "sampling", "versions", "counts", "summary")
-
-
-@dataclass
-class RunData:
-    """A run read back from disk; ``skipped`` holds the 1-based numbers of unreadable lines."""
-
-    path: Path
-    metadata: dict[str, Any]
-    summary: dict[str, Any]
-    rollouts: list[Rollout]
-    skipped: list[int]
-
-
-def read_run(run_dir: Path) -> RunData:
-    """Read a run directory; ``ValueError`` with a one-line message if it is not a valid run."""
-    run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise ValueError(f"{run_dir}: no such directory")
-    if not run_dir.is_dir():
-        raise ValueError(f"{run_dir}: not a directory")
-    for name in (RESULTS, METADATA):
-        if not (run_dir / name).is_file():
-            raise ValueError(f"{run_dir}: not a run directory (no {name})")
-    try:
-        metadata = orjson.loads((run_dir / METADATA).read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise ValueError(f"{run_dir / METADATA}: malformed JSON ({exc})") from None
-    if not isinstance(metadata, dict):
-        raise ValueError(f"{run_dir / METADATA}: malformed (not a JSON object)")
-    for key in _DICT_FIELDS:
-        if metadata.get(key) is not None and not isinstance(metadata[key], dict):
-            raise ValueError(f"{run_dir / METADATA}: malformed ({key!r} is not an object)")
-    rollouts, skipped = [], []
-    with (run_dir / RESULTS).open("rb") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rollouts.append(Rollout.from_dict(orjson.loads(line)))
-            except (ValueError, TypeError, KeyError, AttributeError):  # a line cut short, or not a rollout
-                skipped.append(number)
-    summary = metadata.get("summary") or _summarize(rollouts, metadata)
-    return RunData(run_dir, metadata, summary, rollouts, skipped)
-
-
-def _summarize(rollouts: list[Rollout], metadata: dict[str, Any]) -> dict[str, Any]:
-    """The summary of an interrupted run, which never wrote one."""
-    from palaestra.eval.summary import summarize  # lazy: only runs without a saved summary need it
-
-    per_example = Counter(r.example_id for r in rollouts)
-    k = metadata.get("rollouts_per_example") or max(per_example.values(), default=1)
-    options = {"pass_threshold": metadata["pass_threshold"]} if "pass_threshold" in metadata else {}
-    return summarize(rollouts, rollouts_per_example=k, **options)
 
 
 def write_report(run_dirs: Sequence[Path], out: Path | None = None) -> Path:
     """Write the report for ``run_dirs`` to ``out`` (default ``<first run>/report.html``)."""
     if not run_dirs:
         raise ValueError("give at least one run directory")
-    runs = [read_run(Path(d)) for d in run_dirs]
-    out = Path(out) if out is not None else runs[0].path / "report.html"
+    runs = [load_run(Path(d)) for d in run_dirs]
+    out = Path(out) if out is not None else Path(run_dirs[0]) / "report.html"
     out.write_text(render_report(runs), encoding="utf-8")
     return out
 
@@ -104,9 +49,9 @@ def main_report(run_dirs: list[str], out: str | None) -> Path:
 # ---------------------------------------------------------------- page
 
 
-def render_report(runs: Sequence[RunData]) -> str:
+def render_report(runs: Sequence[EvalRun]) -> str:
     """The full HTML page for ``runs`` (the first is the baseline of a comparison)."""
-    title = " vs ".join(f"{r.metadata.get('env_id', '?')} · {r.metadata.get('model', '?')}" for r in runs)
+    title = " vs ".join(f"{r.metadata.env_id} · {r.metadata.model}" for r in runs)
     nav = ""
     if len(runs) > 1:
         links = "".join(f'<a href="#run-{i}">{_e(_run_label(r, i))}</a>' for i, r in enumerate(runs))
@@ -146,13 +91,13 @@ def _script_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _run_label(run: RunData, i: int) -> str:
-    return f"{i + 1}. {run.metadata.get('model', '?')}"
+def _run_label(run: EvalRun, i: int) -> str:
+    return f"{i + 1}. {run.metadata.model}"
 
 
-def _run_section(run: RunData, i: int) -> str:
+def _run_section(run: EvalRun, i: int) -> str:
     md, s = run.metadata, run.summary
-    heading = f"{md.get('env_id', '?')} · {md.get('model', '?')}"
+    heading = f"{md.env_id} · {md.model}"
     notice = ""
     if run.skipped:
         lines = ", ".join(map(str, run.skipped[:10])) + (" …" if len(run.skipped) > 10 else "")
@@ -172,8 +117,8 @@ def _run_section(run: RunData, i: int) -> str:
     )
 
 
-def _header(run: RunData) -> str:
-    md = run.metadata
+def _header(run: EvalRun) -> str:
+    md = run.metadata.to_dict()
     counts = md.get("counts") or {}
     status = str(md.get("status", "unknown"))
     status_cls = status if status in ("complete", "running", "interrupted") else "other"
@@ -258,8 +203,8 @@ def _stops_errors(s: dict[str, Any]) -> str:
     )
 
 
-def _comparison(runs: Sequence[RunData]) -> str:
-    envs = [r.metadata.get("env_id") for r in runs]
+def _comparison(runs: Sequence[EvalRun]) -> str:
+    envs = [r.metadata.env_id for r in runs]
     same_env = len(set(envs)) == 1
     metric_names = list(dict.fromkeys(n for r in runs for n in (r.summary.get("metrics") or {})))
     ks = sorted({k for r in runs for k in (r.summary.get("pass_at_k") or {})}, key=lambda k: (len(k), k))
@@ -271,7 +216,7 @@ def _comparison(runs: Sequence[RunData]) -> str:
     body = "".join(
         f"<tr><th>{label}</th>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
         for label, cells in (
-            ("model", [_e(r.metadata.get("model")) for r in runs]),
+            ("model", [_e(r.metadata.model) for r in runs]),
             ("environment", [f"<code>{_e(e)}</code>" for e in envs]),
             ("rollouts", [_num(r.summary.get("n_rollouts")) for r in runs]),
         )
@@ -334,8 +279,10 @@ def _histogram_svg(hist: dict[str, Any] | None) -> str:
 
 def _metric_bars_svg(metrics: dict[str, Any]) -> str:
     """Horizontal bars of each reward function's mean; negative means extend left of zero."""
-    items = [
-        (n, m.get("mean")) for n, m in metrics.items() if isinstance(m, dict) and m.get("mean") is not None
+    items: list[tuple[str, float]] = [
+        (str(n), float(m["mean"]))
+        for n, m in metrics.items()
+        if isinstance(m, dict) and _is_number(m.get("mean"))
     ]
     if not items:
         return '<p class="muted">No reward functions recorded.</p>'
@@ -380,6 +327,10 @@ def _num(value: Any) -> str:
     return str(value) if isinstance(value, int) else f"{value:.3f}"
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _kv(d: dict[str, Any]) -> str:
     if not d:
         return "—"
@@ -391,7 +342,7 @@ def _kv(d: dict[str, Any]) -> str:
     return " ".join(items) or "—"
 
 
-def _get(run: RunData, *keys: str) -> float | None:
+def _get(run: EvalRun, *keys: str) -> float | None:
     value: Any = run.summary
     for k in keys:
         value = value.get(k) if isinstance(value, dict) else None

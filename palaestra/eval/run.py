@@ -11,12 +11,10 @@ only what is missing, so the run ends with exactly ``n × rollouts_per_example``
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import platform
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,41 +23,18 @@ from palaestra.clients.base import ModelClient
 from palaestra.engine import stream_groups
 from palaestra.envs.base import Environment
 from palaestra.eval.progress import EvalProgress
-from palaestra.eval.store import RunStore
+from palaestra.eval.store import EvalRun, RunMetadata, RunStore, load_run
 from palaestra.eval.summary import summarize
-from palaestra.types import Rollout, Sampling
+from palaestra.types import Rollout, RunSpec
 
-
-@dataclass
-class EvalRun:
-    """A finished (or interrupted) evaluation: where it is saved, its metadata and its rollouts."""
-
-    path: Path | None
-    metadata: dict[str, Any]
-    rollouts: list[Rollout] = field(default_factory=list)
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        return self.metadata.get("summary") or {}
-
-
-def load_run(path: Path | str) -> EvalRun:
-    """Read a saved run back: its metadata and every readable rollout, in (example, index) order."""
-    store = RunStore.open(Path(path))
-    rollouts, _ = store.load_rollouts()
-    rollouts.sort(key=lambda r: (r.example_id, r.rollout_index))
-    return EvalRun(path=store.path, metadata=store.read_metadata(), rollouts=rollouts)
+__all__ = ["EvalRun", "evaluate", "load_run"]
 
 
 async def evaluate(
     env: Environment,
     client: ModelClient,
+    spec: RunSpec | None = None,
     *,
-    n: int = 5,
-    rollouts_per_example: int = 3,
-    max_concurrent: int = 32,
-    seed: int = 0,
-    sampling: Sampling | None = None,
     output_dir: Path | str | None = "outputs",
     env_id: str = "env",
     env_args: dict[str, Any] | None = None,
@@ -67,28 +42,34 @@ async def evaluate(
     progress: bool | None = False,
     on_rollout: Callable[[Rollout], None] | None = None,
 ) -> EvalRun:
-    """Evaluate ``client`` on the first ``n`` examples of ``env``, ``rollouts_per_example`` each.
+    """Evaluate ``client`` on ``env`` as ``spec`` says, saving each group as it is scored.
 
-    ``output_dir=None`` keeps everything in memory. ``progress``: ``True`` for a Rich bar (plain
-    lines when stderr is not a terminal), ``None`` for plain lines, ``False`` for nothing.
+    ``output_dir=None`` keeps everything in memory. ``resume`` finishes the saved run in that
+    directory with its own saved spec (``spec`` may then only change ``max_concurrent``).
+    ``progress``: ``True`` for a Rich bar (plain lines when stderr is not a terminal), ``None``
+    for plain lines, ``False`` for nothing.
     """
-    sampling = sampling or env.sampling
-    examples = env.select(n)
-    r = rollouts_per_example
     store: RunStore | None = None
     kept: list[Rollout] = []
     if resume is not None:
         store = RunStore.open(Path(resume))
         metadata = store.read_metadata()
-        kept = _complete_groups(store, {e.id for e in examples}, r)
+        if spec is not None:
+            metadata.spec = metadata.spec.replace(max_concurrent=spec.max_concurrent)
+        spec = metadata.spec
+        examples = env.select(spec.num_examples)
+        kept = _complete_groups(store, {e.id for e in examples}, spec.rollouts_per_example)
     else:
-        metadata = _new_metadata(env, client, env_id, env_args, n, r, max_concurrent, seed, sampling)
+        spec = spec or RunSpec()
+        examples = env.select(spec.num_examples)
+        metadata = _new_metadata(env, client, env_id, env_args, spec)
         if output_dir is not None:
             store = RunStore.create(Path(output_dir), env_id, client.model)
-            metadata["run_id"] = store.path.name
+            metadata.run_id = store.path.name
+    r = spec.rollouts_per_example
     done_ids = {rollout.example_id for rollout in kept}
     todo = [e for e in examples if e.id not in done_ids]
-    metadata.update(status="running", finished_at=None)
+    metadata.status, metadata.finished_at = "running", None
     if store is not None:
         store.write_metadata(metadata)
 
@@ -98,15 +79,7 @@ async def evaluate(
         bar = EvalProgress(len(examples) * r, done=len(kept), plain=None if progress else True)
     status = "interrupted"
     try:
-        groups = stream_groups(
-            env,
-            client,
-            todo,
-            rollouts_per_example=r,
-            max_concurrent=max_concurrent,
-            seed=seed,
-            sampling=sampling,
-        )
+        groups = stream_groups(env, client, todo, spec)
         async with contextlib.aclosing(groups):
             with bar if bar is not None else contextlib.nullcontext():
                 async for group in groups:
@@ -121,16 +94,13 @@ async def evaluate(
         status = "complete"
     finally:
         rollouts.sort(key=lambda x: (x.example_id, x.rollout_index))
-        metadata.update(
-            status=status,
-            finished_at=_now(),
-            counts={
-                "expected": len(examples) * r,
-                "saved": len(rollouts),
-                "errors": sum(x.error is not None for x in rollouts),
-            },
-            summary=summarize(rollouts, rollouts_per_example=r, pass_threshold=metadata["pass_threshold"]),
-        )
+        metadata.status, metadata.finished_at = status, _now()
+        metadata.counts = {
+            "expected": len(examples) * r,
+            "saved": len(rollouts),
+            "errors": sum(x.error is not None for x in rollouts),
+        }
+        metadata.summary = summarize(rollouts, rollouts_per_example=r, pass_threshold=metadata.pass_threshold)
         if store is not None:
             store.write_metadata(metadata)
     return EvalRun(path=store.path if store else None, metadata=metadata, rollouts=rollouts)
@@ -154,38 +124,23 @@ def _complete_groups(store: RunStore, wanted: set[int], r: int) -> list[Rollout]
 
 
 def _new_metadata(
-    env: Environment,
-    client: ModelClient,
-    env_id: str,
-    env_args: dict[str, Any] | None,
-    n: int,
-    r: int,
-    max_concurrent: int,
-    seed: int,
-    sampling: Sampling,
-) -> dict[str, Any]:
-    return {
-        "run_id": None,
-        "env_id": env_id,
-        "env_args": env_args or {},
-        "model": client.model,
-        "base_url": getattr(client, "base_url", None),
-        "api_key_var": getattr(client, "api_key_var", None),
-        "sampling": dataclasses.asdict(sampling),
-        "num_examples": n,
-        "rollouts_per_example": r,
-        "max_concurrent": max_concurrent,
-        "seed": seed,
-        "pass_threshold": env.pass_threshold,
-        "versions": {
+    env: Environment, client: ModelClient, env_id: str, env_args: dict[str, Any] | None, spec: RunSpec
+) -> RunMetadata:
+    return RunMetadata(
+        env_id=env_id,
+        model=client.model,
+        spec=spec.replace(sampling=spec.sampling or env.sampling),
+        env_args=env_args or {},
+        base_url=getattr(client, "base_url", None),
+        api_key_var=getattr(client, "api_key_var", None),
+        pass_threshold=env.pass_threshold,
+        versions={
             "palaestra": palaestra.__version__,
             "env_package": _env_package(env_id),
             "python": platform.python_version(),
         },
-        "started_at": _now(),
-        "finished_at": None,
-        "status": "running",
-    }
+        started_at=_now(),
+    )
 
 
 def _env_package(env_id: str) -> str | None:

@@ -2,28 +2,103 @@
 
 Rollouts are appended group by group with one ``write`` and a flush, so a killed process loses
 at most the groups in flight; a line cut short by a kill is skipped when the run is read back.
-``metadata.json`` is replaced atomically (write to a temporary file, then rename).
+``metadata.json`` is replaced atomically (write to a temporary file, then rename). It holds a
+``RunMetadata``: the run spec's fields sit at the top level of the JSON object, as they always
+have, so runs saved by any version of palaestra read back the same way.
+
+``load_run`` is the one reader of a saved run: resume, ``palaestra report`` and the data tools
+all go through it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from palaestra.types import Rollout
+from palaestra.types import Rollout, RunSpec
 
 RESULTS = "results.jsonl"
 METADATA = "metadata.json"
+STATUSES = ("running", "complete", "interrupted")
 
 
 class RunStoreError(ValueError):
     """A run directory is missing, incomplete or unreadable."""
+
+
+@dataclass
+class RunMetadata:
+    """What a saved run is: the environment, the model, the spec, its progress and its summary."""
+
+    env_id: str
+    model: str
+    spec: RunSpec
+    env_args: dict[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+    base_url: str | None = None
+    api_key_var: str | None = None
+    pass_threshold: float = 0.5
+    versions: dict[str, Any] = field(default_factory=dict)
+    started_at: str | None = None
+    finished_at: str | None = None
+    status: str = "running"
+    counts: dict[str, int] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object saved as ``metadata.json`` (the spec's fields at the top level)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "spec"}
+        spec = self.spec.to_dict()
+        # the historical key order: identity, then what was run, then progress
+        ordered = {
+            k: out.pop(k) for k in ("run_id", "env_id", "env_args", "model", "base_url", "api_key_var")
+        }
+        ordered["sampling"] = spec.pop("sampling")
+        return {**ordered, **spec, **out}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RunMetadata:
+        """Read ``to_dict``'s object back; ``ValueError`` naming the first field that is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        data = dict(data)
+        spec_keys = {f.name for f in dataclasses.fields(RunSpec)}
+        spec_data = {k: data.pop(k) for k in list(data) if k in spec_keys}
+        if spec_data.get("sampling") is None:
+            spec_data.pop("sampling", None)
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}  # fields of later versions are ignored
+        for key in ("env_args", "versions", "counts", "summary"):
+            if values.get(key) is None:
+                values.pop(key, None)
+            elif not isinstance(values[key], dict):
+                raise ValueError(f"{key!r} is not an object")
+        if "sampling" in spec_data and not isinstance(spec_data["sampling"], dict):
+            raise ValueError("'sampling' is not an object")
+        for key in ("run_id", "base_url", "api_key_var", "started_at", "finished_at"):
+            if values.get(key) is not None and not isinstance(values[key], str):
+                raise ValueError(f"{key!r} is not a string")
+        for key in ("env_id", "model"):
+            if not isinstance(values.get(key), str):
+                raise ValueError(f"{key!r} is missing or not a string")
+        try:
+            spec = RunSpec.from_dict(spec_data)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the run spec is invalid: {exc}") from None
+        threshold = values.get("pass_threshold", 0.5)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+            raise ValueError("'pass_threshold' is not a number")
+        if values.get("status", "running") not in STATUSES:
+            raise ValueError(f"'status' must be one of {', '.join(STATUSES)}")
+        return cls(spec=spec, **values)
 
 
 def run_dir_name(env_id: str, model: str) -> str:
@@ -57,9 +132,11 @@ class RunStore:
     def open(cls, path: Path) -> RunStore:
         """An existing run directory; ``RunStoreError`` if it is not one."""
         store = cls(Path(path))
+        if not store.path.exists():
+            raise RunStoreError(f"{path}: no such directory")
         if not store.path.is_dir():
-            raise RunStoreError(f"{path}: no such run directory")
-        for needed in (store.metadata_path, store.results_path):
+            raise RunStoreError(f"{path}: not a directory")
+        for needed in (store.results_path, store.metadata_path):
             if not needed.is_file():
                 raise RunStoreError(f"{path}: not a run directory (no {needed.name})")
         return store
@@ -77,29 +154,71 @@ class RunStore:
         tmp.write_bytes(b"".join(orjson.dumps(r.to_dict()) + b"\n" for r in rollouts))
         os.replace(tmp, self.results_path)
 
-    def load_rollouts(self) -> tuple[list[Rollout], int]:
-        """The saved rollouts and the number of unreadable lines skipped (a kill mid-write)."""
-        rollouts, skipped = [], 0
+    def load_rollouts(self) -> tuple[list[Rollout], list[int]]:
+        """The saved rollouts and the 1-based numbers of the lines that could not be read (a line
+        torn by a kill mid-write, or one that is not a rollout)."""
+        rollouts, skipped = [], []
         with self.results_path.open("rb") as f:
-            for line in f:
+            for number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
                 try:
                     rollouts.append(Rollout.from_dict(orjson.loads(line)))
-                except (orjson.JSONDecodeError, TypeError, KeyError):
-                    skipped += 1
+                except (ValueError, TypeError, KeyError, AttributeError):
+                    skipped.append(number)
         return rollouts, skipped
 
-    def read_metadata(self) -> dict[str, Any]:
+    def read_metadata(self) -> RunMetadata:
         try:
             data = orjson.loads(self.metadata_path.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as exc:
+        except OSError as exc:
             raise RunStoreError(f"{self.metadata_path}: unreadable ({exc})") from None
-        if not isinstance(data, dict):
-            raise RunStoreError(f"{self.metadata_path}: not a JSON object")
-        return data
+        except orjson.JSONDecodeError as exc:
+            raise RunStoreError(f"{self.metadata_path}: malformed JSON ({exc})") from None
+        try:
+            return RunMetadata.from_dict(data)
+        except ValueError as exc:
+            raise RunStoreError(f"{self.metadata_path}: malformed ({exc})") from None
 
-    def write_metadata(self, metadata: dict[str, Any]) -> None:
+    def write_metadata(self, metadata: RunMetadata) -> None:
         tmp = self.metadata_path.with_suffix(".json.tmp")
-        tmp.write_bytes(orjson.dumps(metadata, option=orjson.OPT_INDENT_2))
+        tmp.write_bytes(orjson.dumps(metadata.to_dict(), option=orjson.OPT_INDENT_2))
         os.replace(tmp, self.metadata_path)
+
+
+@dataclass
+class EvalRun:
+    """A finished (or interrupted) evaluation: where it is saved, its metadata and its rollouts.
+
+    ``skipped`` holds the 1-based numbers of the results lines that could not be read.
+    """
+
+    path: Path | None
+    metadata: RunMetadata
+    rollouts: list[Rollout] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The saved summary; for a run that never wrote one (killed), computed from its rollouts."""
+        if not self.metadata.summary:
+            from palaestra.eval.summary import summarize
+
+            self.metadata.summary = summarize(
+                self.rollouts,
+                rollouts_per_example=self.metadata.spec.rollouts_per_example,
+                pass_threshold=self.metadata.pass_threshold,
+            )
+        return self.metadata.summary
+
+
+def load_run(path: Path | str) -> EvalRun:
+    """Read a saved run: its metadata and every readable rollout, in (example, index) order.
+
+    ``RunStoreError`` (one line) if ``path`` is not a readable run directory.
+    """
+    store = RunStore.open(Path(path))
+    metadata = store.read_metadata()
+    rollouts, skipped = store.load_rollouts()
+    rollouts.sort(key=lambda r: (r.example_id, r.rollout_index))
+    return EvalRun(path=store.path, metadata=metadata, rollouts=rollouts, skipped=skipped)

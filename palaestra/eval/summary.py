@@ -21,7 +21,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from palaestra.types import Message, Rollout
+from palaestra.types import Message, Rollout, content_text
 
 HISTOGRAM_BINS = 10
 ERROR_MESSAGE_CHARS = 500
@@ -197,7 +197,7 @@ def pick_sample(rollouts: Sequence[Rollout]) -> Rollout | None:
     ok = [r for r in rollouts if r.error is None and r.reward is not None and not math.isnan(r.reward)]
     if not ok:
         return rollouts[0] if rollouts else None
-    median = sorted(r.reward for r in ok)[(len(ok) - 1) // 2]  # the lower median: an actual reward
+    median = sorted(r.reward for r in ok if r.reward is not None)[(len(ok) - 1) // 2]  # an actual reward
     return min((r for r in ok if r.reward == median), key=lambda r: (r.example_id, r.rollout_index))
 
 
@@ -316,24 +316,6 @@ def _truncate(text: str, max_chars: int) -> str:
     return text[:max_chars] + f"… ({len(text) - max_chars} more chars)"
 
 
-def _content_text(content: Any) -> str:
-    """A message's content as text: a string, or the text parts of an OpenAI content-part list."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text":
-                parts.append(str(part.get("text", "")))
-            else:
-                kind = part.get("type", "part") if isinstance(part, dict) else type(part).__name__
-                parts.append(f"<{kind}>")
-        return "\n".join(parts)
-    return str(content)
-
-
 def _tool_call_text(call: Any) -> str:
     """``name(arguments)`` of an OpenAI tool call dict."""
     if not isinstance(call, dict):
@@ -351,7 +333,7 @@ def _message_panel(message: Message, max_chars: int) -> Panel:
     title = Text(role, style=f"bold {style}")
     if message.get("tool_call_id"):
         title.append(f" · {message['tool_call_id']}")
-    body = Text(_truncate(_content_text(message.get("content")), max_chars))
+    body = Text(_truncate(content_text(message.get("content"), placeholders=True), max_chars))
     for call in message.get("tool_calls") or []:
         if body:
             body.append("\n")

@@ -1,11 +1,10 @@
-"""A fake OpenAI-compatible chat server on a real HTTP stack, for tests and benchmarks.
+"""A fake OpenAI-compatible chat server for tests and benchmarks: the real server, scripted.
 
-``FakeOpenAIServer`` answers ``POST /v1/chat/completions`` and ``GET /v1/models`` with
-OpenAI-shaped JSON, from a reply function you give it (default: echo the last user message).
-It can inject faults (HTTP errors, hangs, dropped connections, broken bodies) from the reply
-function or from a deterministic ``FaultPlan``, so retry and timeout code is tested against real
-sockets. Run ``python -m palaestra.testing.server --port 0`` for a standalone process that
-prints ``READY <base_url>`` once it listens.
+``FakeOpenAIServer`` is ``palaestra serve``'s app (``palaestra.serve.create_app``) over a
+``ReplyClient`` — a model whose answer is a reply function of the request body (default: echo the
+last user message) — plus a middleware that injects faults. So tests of clients exercise the
+server code users run, on real sockets. Run ``python -m palaestra.testing.server --port 0`` for a
+standalone process that prints ``READY <base_url>`` once it listens.
 
 A fault directive is a dict ``{"fault": KIND, ...}``, returned by the reply function or listed in
 a ``FaultPlan``. ``"status"``: an OpenAI error with ``"status"`` (default 500), optional
@@ -14,10 +13,11 @@ a ``FaultPlan``. ``"status"``: an OpenAI error with ``"status"`` (default 500), 
 ``"close"``: drop the connection with no response. ``"malformed"``: 200 with a broken JSON body.
 ``"bad_shape"``: 200 with JSON lacking ``choices``. Any directive may carry ``"attempts": N``
 (fire only for the first N requests of each distinct message list) and ``"reply"`` (what a
-reply-function directive answers once it no longer fires; default: echo).
+reply-function directive answers once it no longer fires; default: echo). Faults apply to
+requests without ``stream: true``.
 
 Tokens are whitespace-split words: a crude, deterministic count used for ``usage``,
-``max_tokens`` truncation and fake ``logprobs`` / ``token_ids`` (vLLM's field).
+``max_tokens`` truncation and fake ``logprobs`` / token ids.
 """
 
 from __future__ import annotations
@@ -27,15 +27,20 @@ import asyncio
 import hashlib
 import inspect
 import signal
-import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import orjson
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
+from aiohttp.typedefs import Handler
+
+from palaestra.openai_api import tool_call
+from palaestra.runner import run_async
+from palaestra.serve import create_app, error_response, start
+from palaestra.types import Messages, ModelResponse, Sampling, Usage, content_text
 
 Reply = str | dict[str, Any]
 """A str is the assistant content; a dict is a full assistant message or a fault directive."""
@@ -44,7 +49,10 @@ ReplyFn = Callable[[dict[str, Any]], Reply | Awaitable[Reply]]
 
 FAULT_KINDS = ("status", "hang", "close", "malformed", "bad_shape")
 VOCAB_SIZE = 50_000
-_JSON = "application/json"
+
+# per request, set by the fault middleware: the raw body, and the fault the reply asked for
+_body: ContextVar[dict[str, Any]] = ContextVar("palaestra_fake_body")
+_fault: ContextVar[list[dict[str, Any]]] = ContextVar("palaestra_fake_fault")
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ class FakeOpenAIServer:
     ``requests`` keeps every accepted request body in order (turn off with
     ``record_requests=False`` for long benchmarks); ``request_count`` counts them either way.
     ``attempts`` counts, per hash of a message list, the requests that met a directive carrying
-    ``"attempts"``. Only one choice is returned, whatever ``n`` asks; streaming gets a 400.
+    ``"attempts"``.
     """
 
     def __init__(
@@ -106,8 +114,6 @@ class FakeOpenAIServer:
         self.attempts: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
         self._stopping: asyncio.Event | None = None
-        entry = {"id": model, "object": "model", "created": 0, "owned_by": "palaestra"}
-        self._models_body = orjson.dumps({"object": "list", "data": [entry]})
 
     @property
     def base_url(self) -> str:
@@ -120,17 +126,15 @@ class FakeOpenAIServer:
         """Bind and listen; with ``port=0`` the OS picks a free port (read it from ``port``)."""
         if self._runner is not None:
             raise RuntimeError("FakeOpenAIServer is already started")
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        if self.api_key is not None:
-            app.middlewares.append(_require_key(f"Bearer {self.api_key}"))
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-        await runner.setup()
-        await web.TCPSite(runner, self.host, self.port).start()
-        self.port = runner.addresses[0][1]
+        app = create_app(
+            ReplyClient(self),
+            api_key=self.api_key,
+            max_body_bytes=64 * 1024 * 1024,
+            middlewares=[self._inject_faults],
+        )
         self._stopping = asyncio.Event()
-        self._runner = runner
+        self._runner, url = await start(app, self.host, self.port, grace=0.1)
+        self.port = int(url.rsplit(":", 1)[1].split("/")[0])
 
     async def stop(self) -> None:
         """Stop listening, drop hung requests and close every connection."""
@@ -148,75 +152,45 @@ class FakeOpenAIServer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
-    # --- handlers -------------------------------------------------------------------------
+    # --- faults ---------------------------------------------------------------------------
 
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.Response(body=self._models_body, content_type=_JSON)
-
-    async def _chat(self, request: web.Request) -> web.Response:
+    @web.middleware
+    async def _inject_faults(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Hand the raw body to the ``ReplyClient``; carry out any fault it asked for."""
+        if request.method != "POST":
+            return await handler(request)
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
-            return error_response(400, "We could not parse the JSON body of your request.")
-        if (rejected := self._reject(body)) is not None:
-            return rejected
-        index = self.request_count
-        self.request_count += 1
-        if self.record_requests:
-            self.requests.append(body)
+            return await handler(request)  # the app answers it with a 400
+        box: list[dict[str, Any]] = []
+        _body.set(body if isinstance(body, dict) else {})
+        _fault.set(box)
+        response = await handler(request)
+        if not box:
+            return response
+        return await self._fault(request, box[0])
 
-        planned = self.faults.fault_for(index) if self.faults is not None else None
-        if planned is not None and self._applies(planned, body):
-            if (faulted := await self._fault(request, planned)) is not None:
-                return faulted
-        try:
-            reply = self.reply(body)
-            if inspect.isawaitable(reply):
-                reply = await reply
-        except Exception as exc:  # noqa: BLE001 -- any bug in user code goes back as a 500
-            return error_response(500, f"reply function raised {type(exc).__name__}: {exc}")
-        if isinstance(reply, dict) and "fault" in reply:
-            if reply["fault"] not in FAULT_KINDS:
-                return error_response(500, f"unknown fault kind {reply['fault']!r}")
-            if self._applies(reply, body):
-                if (faulted := await self._fault(request, reply)) is not None:
-                    return faulted
-            reply = reply["reply"] if reply.get("reply") is not None else echo_reply(body)
-        return web.Response(body=orjson.dumps(completion(body, reply, index)), content_type=_JSON)
-
-    def _reject(self, body: Any) -> web.Response | None:
-        """The 400/404 error for a body this server will not answer, or None."""
-        if not isinstance(body, dict):
-            return error_response(400, "The request body must be a JSON object.")
-        if not isinstance(body.get("model"), str):
-            return error_response(400, "You must provide a model (a string).", param="model")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            msg = "'messages' must be a non-empty list of message objects."
-            return error_response(400, msg, param="messages")
-        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-            msg = "Each message must be an object with a string 'role'."
-            return error_response(400, msg, param="messages")
-        if body["model"] != self.model:
-            msg = f"The model `{body['model']}` does not exist or you do not have access to it."
-            return error_response(404, msg, param="model", code="model_not_found")
-        if body.get("stream"):
-            msg = "Streaming is not supported by the palaestra fake server; send stream=false."
-            return error_response(400, msg, param="stream", code="unsupported_value")
-        return None
-
-    def _applies(self, directive: dict[str, Any], body: dict[str, Any]) -> bool:
+    def applies(self, directive: dict[str, Any], messages: Messages) -> bool:
         """Whether a directive fires: always, or for the first ``attempts`` tries of a chat."""
         limit = directive.get("attempts")
         if limit is None:
             return True
-        key = messages_key(body["messages"])
+        key = messages_key(messages)
         seen = self.attempts.get(key, 0)
         self.attempts[key] = seen + 1
         return seen < limit
 
-    async def _fault(self, request: web.Request, directive: dict[str, Any]) -> web.Response | None:
-        """Carry out a fault; None means "now answer normally" (a hang that ran its course)."""
+    async def hang(self, seconds: float | None) -> bool:
+        """Wait ``seconds`` (None: until ``stop()``); whether the server stopped meanwhile."""
+        assert self._stopping is not None
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _fault(self, request: web.Request, directive: dict[str, Any]) -> web.StreamResponse:
         kind = directive["fault"]
         if kind == "status":
             status = int(directive.get("status", 500))
@@ -225,66 +199,69 @@ class FakeOpenAIServer:
             msg = directive.get("message", f"Injected fault: HTTP {status}.")
             return error_response(status, msg, headers=headers)
         if kind == "malformed":
-            return web.Response(body=b'{"id": "chatcmpl-broken", "choi', content_type=_JSON)
+            return web.Response(body=b'{"id": "chatcmpl-broken", "choi', content_type="application/json")
         if kind == "bad_shape":
             shape = {"id": "chatcmpl-bad", "object": "chat.completion", "model": self.model}
-            return web.Response(body=orjson.dumps(shape), content_type=_JSON)
-        if kind == "hang":
-            assert self._stopping is not None
-            try:
-                await asyncio.wait_for(self._stopping.wait(), directive.get("seconds"))
-            except TimeoutError:
-                return None
-        # "close", or a hang cut short by stop(): drop the connection without a response.
-        # The response below is never sent: aiohttp fails to write it to the closed transport
-        # and takes that for a client disconnect (nothing is logged).
+            return web.Response(body=orjson.dumps(shape), content_type="application/json")
+        # "close", or a hang cut short by stop(): drop the connection without a response. The
+        # response below is never sent: aiohttp fails to write it to the closed transport.
         if request.transport is not None:
             request.transport.close()
         return web.Response(status=500)
 
 
-# --- response building ---------------------------------------------------------------------
+class ReplyClient:
+    """The model behind a ``FakeOpenAIServer``: its reply function, answered word by word."""
+
+    def __init__(self, server: FakeOpenAIServer) -> None:
+        self.server = server
+        self.model = server.model
+
+    async def chat(
+        self, messages: Messages, *, tools: list[dict[str, Any]] | None = None, sampling: Sampling
+    ) -> ModelResponse:
+        server, body = self.server, _body.get()
+        index = server.request_count
+        server.request_count += 1
+        if server.record_requests:
+            server.requests.append(body)
+        planned = server.faults.fault_for(index) if server.faults is not None else None
+        if planned is not None and server.applies(planned, messages):
+            if (early := await self._fault(planned)) is not None:
+                return early
+        reply = server.reply(body)
+        if inspect.isawaitable(reply):
+            reply = await reply
+        if isinstance(reply, dict) and "fault" in reply:
+            if reply["fault"] not in FAULT_KINDS:
+                raise RuntimeError(f"unknown fault kind {reply['fault']!r}")
+            if server.applies(reply, messages) and (early := await self._fault(reply)) is not None:
+                return early
+            reply = reply["reply"] if reply.get("reply") is not None else echo_reply(body)
+        return word_response(reply, messages, sampling.max_tokens)
+
+    async def _fault(self, directive: dict[str, Any]) -> ModelResponse | None:
+        """Note the fault for the middleware; None when it has run its course (a finished hang)."""
+        if _body.get().get("stream"):
+            raise RuntimeError("the fake server injects faults into requests without stream: true only")
+        if directive["fault"] == "hang" and not await self.server.hang(directive.get("seconds")):
+            return None
+        _fault.get().append(directive)
+        return ModelResponse({"role": "assistant", "content": ""})
 
 
-def _require_key(expected: str) -> Middleware:
-    """Middleware answering 401 to requests without ``Authorization: <expected>``."""
-
-    @web.middleware
-    async def require_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.headers.get("Authorization") == expected:
-            return await handler(request)
-        msg = "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'."
-        return error_response(401, msg, code="invalid_api_key")
-
-    return require_key
-
-
-_ERROR_TYPES = {401: "authentication_error", 404: "invalid_request_error", 429: "rate_limit_error"}
-
-
-def error_response(
-    status: int,
-    message: str,
-    *,
-    param: str | None = None,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> web.Response:
-    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    payload = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    body = orjson.dumps(payload)
-    return web.Response(status=status, body=body, content_type=_JSON, headers=headers)
-
-
-def completion(body: dict[str, Any], reply: Reply, index: int = 0) -> dict[str, Any]:
-    """The OpenAI ``chat.completion`` object answering ``body`` with ``reply``.
+def word_response(reply: Reply, messages: Messages, max_tokens: int | None) -> ModelResponse:
+    """``reply`` as a model response whose tokens are words.
 
     Reply tokens are the content's words, then each tool call's name and argument words. Past
-    ``max_tokens`` (or ``max_completion_tokens``) the content is cut to that many words, tool
-    calls are dropped and ``finish_reason`` is ``"length"``.
+    ``max_tokens`` the content is cut to that many words, tool calls are dropped and the finish
+    reason is ``"length"``.
     """
-    message = _assistant_message(reply)
+    message: dict[str, Any] = (
+        {"role": "assistant", "content": reply} if isinstance(reply, str) else {"role": "assistant", **reply}
+    )
+    if message.get("tool_calls"):
+        message["tool_calls"] = [tool_call(i, c) for i, c in enumerate(message["tool_calls"])]
     content = message.get("content")
     content_words = content.split() if isinstance(content, str) else []
     words = list(content_words)
@@ -293,58 +270,21 @@ def completion(body: dict[str, Any], reply: Reply, index: int = 0) -> dict[str, 
         words.append(str(function.get("name", "")))
         words.extend(str(function.get("arguments", "")).split())
     finish = "tool_calls" if message.get("tool_calls") else "stop"
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    if isinstance(limit, int) and len(words) > limit:
-        words = content_words[:limit]
+    if max_tokens is not None and len(words) > max_tokens:
+        words = content_words[:max_tokens]
         message["content"] = " ".join(words)
         message.pop("tool_calls", None)
         finish = "length"
-
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
-    choice["logprobs"] = None
-    want_ids = body.get("return_token_ids")
-    if body.get("logprobs") or want_ids:
-        tokens = [token_info(w) for w in words]
-        choice["token_ids"] = [t for t, _ in tokens]
-        if body.get("logprobs"):
-            choice["logprobs"] = {
-                "content": [
-                    {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
-                    for t, lp in tokens
-                ]
-            }
-    prompt_words = [w for m in body["messages"] for w in _text(m.get("content")).split()]
-    result: dict[str, Any] = {
-        "id": f"chatcmpl-fake-{index}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": body["model"],
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(prompt_words),
-            "completion_tokens": len(words),
-            "total_tokens": len(prompt_words) + len(words),
-        },
-    }
-    if want_ids:
-        result["prompt_token_ids"] = [token_info(w)[0] for w in prompt_words]
-    return result
-
-
-def _assistant_message(reply: Reply) -> dict[str, Any]:
-    if isinstance(reply, str):
-        return {"role": "assistant", "content": reply}
-    message: dict[str, Any] = {"role": "assistant", "content": None, **reply}
-    if message.get("tool_calls"):  # fill in ids and types, encode dict arguments as JSON
-        message["tool_calls"] = [_tool_call(i, c) for i, c in enumerate(message["tool_calls"])]
-    return message
-
-
-def _tool_call(i: int, call: dict[str, Any]) -> dict[str, Any]:
-    function = dict(call.get("function", {}))
-    if not isinstance(function.get("arguments", ""), str):
-        function["arguments"] = orjson.dumps(function["arguments"]).decode()
-    return {"id": f"call_{i}", "type": "function", **call, "function": function}
+    prompt = [w for m in messages for w in content_text(m.get("content")).split()]
+    tokens = [token_info(w) for w in words]
+    return ModelResponse(
+        message=message,
+        finish_reason=finish,
+        usage=Usage(prompt_tokens=len(prompt), completion_tokens=len(words)),
+        token_ids=[t for t, _ in tokens],
+        logprobs=[lp for _, lp in tokens],
+        prompt_token_ids=[token_info(w)[0] for w in prompt],
+    )
 
 
 @lru_cache(maxsize=65_536)
@@ -360,15 +300,6 @@ def messages_key(messages: list[dict[str, Any]]) -> str:
     return hashlib.blake2b(raw, digest_size=12).hexdigest()
 
 
-def _text(content: Any) -> str:
-    """The text of a message content: a string, or the text parts of a content-part list."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
-
-
 # --- built-in replies ------------------------------------------------------------------------
 
 
@@ -376,7 +307,7 @@ def echo_reply(body: dict[str, Any]) -> str:
     """The default reply: the text of the last user message ("" if there is none)."""
     for message in reversed(body.get("messages", ())):
         if message.get("role") == "user":
-            return _text(message.get("content"))
+            return content_text(message.get("content"))
     return ""
 
 
@@ -427,13 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     reply_help = "echo | reverse | fixed:TEXT"
     parser.add_argument("--reply", type=_reply_from_spec, default="echo", help=reply_help)
-    args = parser.parse_args(argv)
-    try:
-        import uvloop  # a speed-up where installed (palaestra depends on it except on Windows)
-    except ImportError:
-        asyncio.run(_serve(args))
-    else:
-        uvloop.run(_serve(args))
+    run_async(_serve(parser.parse_args(argv)))
     return 0
 
 

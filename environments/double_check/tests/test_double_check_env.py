@@ -28,7 +28,7 @@ def test_dataset_is_generated_from_the_seed() -> None:
 async def test_two_model_turns_then_stop() -> None:
     env = dc.load_environment(num_examples=4)
     assert isinstance(env, pa.MultiTurnEnv)
-    rollouts = await env.run(pa.ScriptedClient(dc.stubborn), rollouts_per_example=2)
+    rollouts = await env.run(pa.ScriptedClient(dc.stubborn), pa.RunSpec(rollouts_per_example=2))
     for r in rollouts:
         assert r.error is None
         assert r.stop_reason == "answered_twice"
@@ -40,7 +40,7 @@ async def test_two_model_turns_then_stop() -> None:
 
 async def test_stubborn_is_always_right_and_never_changes() -> None:
     env = dc.load_environment(num_examples=10)
-    rollouts = await env.run(pa.ScriptedClient(dc.stubborn), rollouts_per_example=2)
+    rollouts = await env.run(pa.ScriptedClient(dc.stubborn), pa.RunSpec(rollouts_per_example=2))
     assert all(
         r.reward == 1.0 and r.metrics == {"correct_answer": 1.0, "format_reward": 1.0, "changed_answer": 0.0}
         for r in rollouts
@@ -49,7 +49,7 @@ async def test_stubborn_is_always_right_and_never_changes() -> None:
 
 async def test_doubter_loses_the_reward_when_it_changes_its_answer() -> None:
     env = dc.load_environment(num_examples=20)
-    rollouts = await env.run(pa.ScriptedClient(dc.doubter), rollouts_per_example=3, seed=0)
+    rollouts = await env.run(pa.ScriptedClient(dc.doubter), pa.RunSpec(rollouts_per_example=3, seed=0))
     assert all(r.error is None for r in rollouts)
     assert 0.3 < statistics.mean(r.reward for r in rollouts) < 0.9
     for r in rollouts:
@@ -93,7 +93,7 @@ def test_as_number_rejects_non_numbers(text: str | None) -> None:
 async def test_same_seed_same_rollouts_and_rewards() -> None:
     async def run(seed: int) -> list[tuple[str, float | None]]:
         env = dc.load_environment(num_examples=10, seed=2)
-        rollouts = await env.run(pa.ScriptedClient(dc.doubter), rollouts_per_example=3, seed=seed)
+        rollouts = await env.run(pa.ScriptedClient(dc.doubter), pa.RunSpec(rollouts_per_example=3, seed=seed))
         return [(r.completion[-1]["content"], r.reward) for r in rollouts]
 
     first = await run(seed=0)
@@ -104,7 +104,7 @@ async def test_same_seed_same_rollouts_and_rewards() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_examples": 0}, "num_examples must be an integer of at least 1, got 0"),
+        ({"num_examples": 0}, "num_examples must be an integer ≥ 1, got 0"),
         ({"num_examples": 2.5}, "num_examples"),
         ({"seed": None}, "seed must be an integer"),
         ({"system_prompt": ""}, "system_prompt must be a non-empty string"),

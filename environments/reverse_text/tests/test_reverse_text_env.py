@@ -34,7 +34,7 @@ def test_load_environment_builds_prompts_from_the_dataset() -> None:
 
 async def test_oracle_scores_one_everywhere() -> None:
     env = rt.load_environment(num_examples=10)
-    rollouts = await env.run(pa.ScriptedClient(rt.oracle), rollouts_per_example=2)
+    rollouts = await env.run(pa.ScriptedClient(rt.oracle), pa.RunSpec(rollouts_per_example=2))
     assert len(rollouts) == 20
     assert all(r.error is None and r.stop_reason == "answered" for r in rollouts)
     assert [r.reward for r in rollouts] == [1.0] * 20
@@ -43,7 +43,7 @@ async def test_oracle_scores_one_everywhere() -> None:
 
 async def test_noisy_reverser_gives_a_spread_of_rewards() -> None:
     env = rt.load_environment(num_examples=20)
-    rollouts = await env.run(pa.ScriptedClient(rt.noisy_reverser), rollouts_per_example=3, seed=0)
+    rollouts = await env.run(pa.ScriptedClient(rt.noisy_reverser), pa.RunSpec(rollouts_per_example=3, seed=0))
     rewards = [r.reward for r in rollouts]
     assert all(r.error is None for r in rollouts)
     assert 0.5 < statistics.mean(rewards) < 0.95
@@ -55,7 +55,9 @@ async def test_noisy_reverser_gives_a_spread_of_rewards() -> None:
 async def test_same_seed_same_rollouts_and_rewards() -> None:
     async def run(seed: int) -> list[tuple[str, float | None]]:
         env = rt.load_environment(num_examples=8, seed=5)
-        rollouts = await env.run(pa.ScriptedClient(rt.noisy_reverser), rollouts_per_example=3, seed=seed)
+        rollouts = await env.run(
+            pa.ScriptedClient(rt.noisy_reverser), pa.RunSpec(rollouts_per_example=3, seed=seed)
+        )
         return [(r.completion[-1]["content"], r.reward) for r in rollouts]
 
     first = await run(seed=0)
@@ -91,7 +93,7 @@ async def test_format_is_a_metric_not_part_of_the_reward() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_examples": 0}, "num_examples must be an integer of at least 1, got 0"),
+        ({"num_examples": 0}, "num_examples must be an integer ≥ 1, got 0"),
         ({"num_examples": -5}, "num_examples"),
         ({"num_examples": "5"}, "num_examples"),
         ({"num_examples": True}, "num_examples"),

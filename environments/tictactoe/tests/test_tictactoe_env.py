@@ -187,7 +187,7 @@ async def test_the_same_seed_gives_the_same_dataset_and_games() -> None:
     assert [e.row for e in a.examples] != [
         e.row for e in ttt.load_environment(num_examples=30, seed=6).examples
     ]
-    runs = [await env.run(pa.ScriptedClient(ttt.random_player), seed=1) for env in (a, b)]
+    runs = [await env.run(pa.ScriptedClient(ttt.random_player), pa.RunSpec(seed=1)) for env in (a, b)]
     assert [r.completion for r in runs[0]] == [r.completion for r in runs[1]]
 
 

@@ -1,4 +1,4 @@
-"""Tic-tac-toe: the reference environment of ``specs/tictactoe.md``.
+"""Tic-tac-toe: the reference environment of the talk that started palaestra, "Let LLMs Wander".
 
 ``load_environment`` builds it; ``random_player``, ``optimal_player``, ``heuristic_player`` and
 ``noisy_player(p)`` are scripted "models" for ``ScriptedClient`` or the CLI

@@ -1,4 +1,4 @@
-"""TicTacToeEnv and ``load_environment``: the game of ``specs/tictactoe.md`` as a palaestra env.
+"""TicTacToeEnv and ``load_environment``: the reference game of the talk "Let LLMs Wander" as a palaestra env.
 
 Per example: a seed (``derive_seed("tictactoe/example", seed, i)``), who starts (50/50 from that
 seed; the opponent's opening is already in the first message), and the opponent's
@@ -9,12 +9,12 @@ of one example that reach the same position get the same reply.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import palaestra as pa
+from palaestra.checks import check_choice, check_int, check_number
 from palaestra.data import stratified_values
 from tictactoe.game import EMPTY_BOARD, play
 from tictactoe.players import Move, noisy
@@ -182,14 +182,13 @@ def load_environment(
     ``min/max_random_move_prob`` default to 0.0/1.0 (``talk_v1``: 1.0/1.0, a random opponent);
     ``opponent="optimal"`` or ``"random"`` sets both to 0.0 or 1.0.
     """
-    _check_int("num_examples", num_examples, minimum=1)
-    _check_int("max_turns", max_turns, minimum=1)
-    _check_int("num_groups", num_groups, minimum=1)
-    _check_int("seed", seed)
+    check_int("num_examples", num_examples, minimum=1)
+    check_int("max_turns", max_turns, minimum=1)
+    check_int("num_groups", num_groups, minimum=1)
+    check_int("seed", seed)
     if num_groups > num_examples:
         raise ValueError(f"num_groups ({num_groups}) cannot exceed num_examples ({num_examples})")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+    check_choice("variant", variant, VARIANTS)
     rules: Variant = "talk_v1" if variant == "talk_v1" else "standard"
     low, high = _random_move_range(opponent, min_random_move_prob, max_random_move_prob, rules)
     parser = pa.XMLParser(["move"] if rules == "talk_v1" else ["think", "move"], answer_field="move")
@@ -215,12 +214,8 @@ def _random_move_range(
     opponent: str | None, low: float | None, high: float | None, variant: str
 ) -> tuple[float, float]:
     for name, value in (("min_random_move_prob", low), ("max_random_move_prob", high)):
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not (math.isfinite(value) and 0.0 <= value <= 1.0)
-        ):
-            raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+        if value is not None:
+            check_number(name, value, low=0.0, high=1.0)
     if opponent is not None:
         if not isinstance(opponent, str) or opponent not in OPPONENTS:
             raise ValueError(f"opponent must be 'optimal' or 'random' (or omitted), got {opponent!r}")
@@ -238,9 +233,3 @@ def _random_move_range(
             + (" (talk_v1 defaults both to 1.0)" if variant == "talk_v1" else "")
         )
     return low, high
-
-
-def _check_int(name: str, value: Any, *, minimum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-        bound = f" ≥ {minimum}" if minimum is not None else ""
-        raise ValueError(f"{name} must be an integer{bound}, got {value!r}")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import palaestra as pa
 from tictactoe.game import CENTRE, CORNERS, FREE, LINES, Mark, free_cells, other, parse_board
 from tictactoe.solver import optimal_moves, outcome_word, value
 
@@ -53,8 +54,8 @@ def heuristic_move(board: str, mark: Mark, rng: random.Random) -> Move:
 
     With nothing urgent it draws one of the kinds of move still available (the centre, a
     corner, any free cell) at random, so it sometimes answers the centre with an edge; it never
-    makes or sees a fork, so a fork set up two moves earlier beats it. Against the optimal
-    opponent it draws about 70% of games, near the talk's teacher (76%).
+    makes or sees a fork, so a fork set up two moves earlier beats it. Its measured results are
+    in the environment's README (``benchmarks/tictactoe_players.py``).
     """
     for cell in free_cells(board):
         if _completes_line(board, cell, mark):
@@ -107,7 +108,7 @@ def board_from_messages(messages: list[dict[str, Any]]) -> str:
     """The board in the last user message of the conversation; ``ValueError`` if it shows none."""
     for message in reversed(messages):
         if message.get("role") == "user":
-            board = parse_board(_text(message.get("content")))
+            board = parse_board(pa.content_text(message.get("content")))
             if board is None:
                 raise ValueError("the last user message shows no tic-tac-toe board")
             return board
@@ -129,14 +130,6 @@ def scripted(player: Player, *, mark: Mark = "X", name: str | None = None) -> Po
         f"Plays {mark} with {getattr(player, '__name__', 'a player')}, replying in the env's format."
     )
     return policy
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""
 
 
 random_player = scripted(random_move, name="random_player")
