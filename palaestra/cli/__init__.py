@@ -28,6 +28,7 @@ from palaestra.cli.common import (
 )
 from palaestra.cli.data import add_data_parser
 from palaestra.cli.eval import Stopped, add_eval_arguments, cmd_eval
+from palaestra.cli.train import add_train_parser
 from palaestra.eval.store import RunStoreError
 from palaestra.runner import run_async
 
@@ -106,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("name")
     init.add_argument("--path", type=Path, default=Path("environments"), help="parent folder")
     init.set_defaults(func=cmd_init)
+
+    add_train_parser(sub)
 
     envs = sub.add_parser("envs", help="list installed environments")
     envs.set_defaults(func=cmd_envs)

@@ -1,0 +1,106 @@
+"""``palaestra train``: ``sft`` (supervised fine-tuning from a TOML config) and ``curves`` (plot runs).
+
+``palaestra train sft CONFIG.toml [--section.key VALUE ...]`` or ``palaestra train sft --resume
+RUN_DIR [--section.key VALUE ...]``. A bad config, bad data or an impossible setting is one line
+and exit status 2, found before training starts; a run that diverges (NaN loss) is one line and
+exit status 1, keeping its checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from palaestra.cli.common import UsageError
+
+SFT_EPILOG = """\
+Every key of the config can be overridden: --optim.lr 1e-4, --train.steps=40, --lora.enabled true,
+--model.path smollm2 (values are TOML: strings may go unquoted). See docs/training.md.
+"""
+
+
+class OverridesParser(argparse.ArgumentParser):
+    """An argparse parser that also takes ``--section.key VALUE`` pairs, kept in ``args.overrides``."""
+
+    def parse_known_args(  # type: ignore[override]  # same signature; typeshed's overloads differ per version
+        self, args: Any = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        tokens = list(sys.argv[1:] if args is None else args)
+        rest, overrides = [], []
+        while tokens:
+            token = tokens.pop(0)
+            if token.startswith("--") and "." in token.partition("=")[0]:
+                overrides.append(token)
+                if "=" not in token and tokens:
+                    overrides.append(tokens.pop(0))
+            else:
+                rest.append(token)
+        parsed, unknown = super().parse_known_args(rest, namespace)
+        parsed.overrides = overrides
+        return parsed, unknown
+
+
+def add_train_parser(subparsers: Any) -> None:
+    """Register ``palaestra train`` and its subcommands on the CLI's subparsers."""
+    train = subparsers.add_parser("train", help="train a model: sft now; curves of training runs")
+    commands = train.add_subparsers(required=True, metavar="COMMAND", parser_class=OverridesParser)
+
+    sft = commands.add_parser(
+        "sft",
+        help="supervised fine-tuning on the assistant turns of saved rollouts or chats",
+        usage="palaestra train sft [-h] [CONFIG | --resume RUN_DIR] [--quiet] [--section.key VALUE ...]",
+        epilog=SFT_EPILOG,
+    )
+    sft.add_argument("config", nargs="?", type=Path, help="a TOML config (see examples/tictactoe/*.toml)")
+    sft.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR", help="continue a run")
+    sft.add_argument("--quiet", action="store_true", help="plain progress lines instead of a progress bar")
+    sft.set_defaults(func=cmd_sft)
+
+    curves = commands.add_parser("curves", help="write the loss curves of training runs as one HTML page")
+    curves.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    curves.add_argument("-o", "--output", type=Path, default=None, help="default: RUN_DIR/curves.html")
+    curves.set_defaults(func=cmd_curves)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from palaestra.train.config import load_config, parse_overrides
+    from palaestra.train.sft_config import SFTConfig
+
+    overrides = parse_overrides(args.overrides)
+    if args.resume is not None:
+        if args.config is not None:
+            raise UsageError("give a CONFIG or --resume RUN_DIR, not both (a resumed run keeps its config)")
+        from palaestra.train.sft import resume_config
+
+        config = resume_config(args.resume, overrides)
+    elif args.config is None:
+        raise UsageError("give a CONFIG file (or --resume RUN_DIR)")
+    else:
+        config = load_config(SFTConfig, args.config, overrides)
+    try:
+        import torch  # noqa: F401  # the train extra's packages, checked before any work
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"training needs the train extra: pip install 'palaestra[train]' ({exc})") from None
+    from palaestra.train.sft import TrainingError, train_sft
+
+    try:
+        train_sft(config, resume=args.resume, progress=None if args.quiet else True)
+    except TrainingError as exc:
+        print(f"palaestra: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        run_dir = args.resume or Path(config.output.dir)
+        raise KeyboardInterrupt(f"interrupted; continue from the last checkpoint with: "
+                                f"palaestra train sft --resume {run_dir}") from None  # fmt: skip
+    return 0
+
+
+def cmd_curves(args: argparse.Namespace) -> int:
+    from palaestra.train.curves import write_curves
+
+    out = args.output or args.runs[0] / "curves.html"
+    print(f"curves: {write_curves(args.runs, out)}")
+    return 0

@@ -1,0 +1,98 @@
+"""Checkpoints: a loadable model folder plus the trainer's state, written atomically.
+
+``RUN_DIR/checkpoints/step-000040/`` holds the model (see ``model.save_model``: a plain
+transformers folder) and ``trainer_state.pt``: the step, the optimizer and scheduler states, the
+RNG states and a fingerprint of the tokenised data. The data order is a pure function of the
+seed and the step, so these are all a resumed run needs to take the very step the uninterrupted
+run would have taken. A checkpoint is written under a temporary name and renamed when complete, so
+a killed save never leaves half a checkpoint; ``RUN_DIR/final`` links to the last one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+from palaestra.train.model import save_model
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "trainer_state.pt"
+FINAL_LINK = "final"
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / CHECKPOINTS / f"step-{step:06d}"
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    scheduler: Any,
+    extra: dict[str, Any],
+) -> Path:
+    """Write the checkpoint of ``step`` (replacing one of the same step) and return its folder."""
+    import torch
+
+    target = checkpoint_dir(run_dir, step)
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(model, tokenizer, tmp)
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": {
+            "python": random.getstate(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        },
+        **extra,
+    }
+    torch.save(state, tmp / STATE_FILE)
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return target
+
+
+def link_final(run_dir: Path, checkpoint: Path) -> Path:
+    """Point ``RUN_DIR/final`` at ``checkpoint`` (a relative symlink, replaced atomically)."""
+    link = run_dir / FINAL_LINK
+    tmp = run_dir / (FINAL_LINK + ".tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(os.path.relpath(checkpoint, run_dir))
+    tmp.replace(link)
+    return link
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The complete checkpoint of the highest step in ``run_dir``, if any."""
+    folder = run_dir / CHECKPOINTS
+    found = [p for p in folder.glob("step-*") if p.suffix != ".tmp" and (p / STATE_FILE).is_file()]
+    return max(found, key=lambda p: int(p.name.removeprefix("step-")), default=None)
+
+
+def load_state(checkpoint: Path) -> dict[str, Any]:
+    """The trainer state saved with ``checkpoint`` (on the CPU)."""
+    import torch
+
+    return torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put the RNGs back as they were when the checkpoint was saved (dropout draws, say)."""
+    import torch
+
+    random.setstate(state["rng"]["python"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if state["rng"]["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])

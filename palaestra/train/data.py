@@ -1,0 +1,103 @@
+"""Reading SFT data: chat conversations from a rollouts dataset folder or a JSONL file.
+
+A folder is what ``palaestra eval --save-dataset`` and ``palaestra data filter`` write (columns
+``prompt`` and ``completion``, normalised chat messages; see ``palaestra.data.rollouts``), or any
+``datasets`` folder with a ``messages`` column. A ``.jsonl`` file has one object a line, either
+``{"messages": [...]}`` or ``{"prompt": [...], "completion": [...]}``. The trainer does not filter:
+keeping the good rollouts is the data step's job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from palaestra.data.rollouts import messages_from_row
+from palaestra.types import Messages
+
+
+class DataError(ValueError):
+    """SFT data that cannot be read or holds nothing to learn."""
+
+
+def load_conversations(path: str | Path) -> list[Messages]:
+    """Every row of the dataset at ``path`` as a list of chat messages."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DataError(f"data.path: no such dataset folder or JSONL file: {path}")
+    rows = list(_jsonl_rows(path) if path.is_file() else _folder_rows(path))
+    if not rows:
+        raise DataError(f"data.path: {path} has no rows")
+    conversations = [_conversation(row, path, i) for i, row in enumerate(rows)]
+    if not any(m["role"] == "assistant" for c in conversations for m in c):
+        raise DataError(f"data.path: {path} has no assistant messages to learn from")
+    return conversations
+
+
+def message_texts(conversations: Iterable[Messages]) -> list[str]:
+    """The text of every message: what a tiny model's tokenizer is trained on."""
+    return [m["content"] for c in conversations for m in c if m.get("content")]
+
+
+def _folder_rows(path: Path) -> Iterable[Mapping[str, Any]]:
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise DataError(f"reading a dataset folder needs the datasets package ({exc})") from None
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except FileNotFoundError as exc:
+        raise DataError(f"data.path: {path} is not a saved dataset folder ({exc})") from None
+    if isinstance(dataset, datasets.DatasetDict):
+        raise DataError(
+            f"data.path: {path} holds several splits ({', '.join(dataset)}); give one split's folder"
+        )
+    return dataset
+
+
+def _jsonl_rows(path: Path) -> Iterable[Mapping[str, Any]]:
+    with path.open() as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{number}: each line must be a JSON object")
+            yield row
+
+
+def _conversation(row: Mapping[str, Any], path: Path, index: int) -> Messages:
+    if "messages" in row:
+        messages = row["messages"]
+    elif "prompt" in row and "completion" in row:
+        prompt = row["prompt"]
+        prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        completion = row["completion"]
+        completion = (
+            [{"role": "assistant", "content": completion}] if isinstance(completion, str) else completion
+        )
+        messages = [*prompt, *completion]
+    else:
+        raise DataError(
+            f"{path}: row {index} has neither 'messages' nor 'prompt' and 'completion' ({', '.join(row)})"
+        )
+    if not isinstance(messages, list) or not all(isinstance(m, Mapping) and "role" in m for m in messages):
+        raise DataError(f"{path}: row {index}: messages must be a list of chat messages with a 'role'")
+    return messages_from_row([_normalised(m) for m in messages])
+
+
+def _normalised(message: Mapping[str, Any]) -> dict[str, str]:
+    """A message in the dataset's normalised form (what ``messages_from_row`` reads back)."""
+    calls = message.get("tool_calls")
+    content = message.get("content")
+    return {
+        "role": str(message["role"]),
+        "content": content if isinstance(content, str) else "" if content is None else json.dumps(content),
+        "tool_calls": calls if isinstance(calls, str) else json.dumps(calls) if calls else "",
+        "tool_call_id": str(message.get("tool_call_id") or ""),
+    }

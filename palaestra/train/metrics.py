@@ -1,0 +1,112 @@
+"""What a training run reports: one JSON line per step in ``metrics.jsonl``, and progress on screen.
+
+The progress is a Rich bar on a terminal and a plain line every ``log_every`` steps otherwise
+(logs, CI, pipes), both on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsLog:
+    """Appends one JSON object per step to ``metrics.jsonl``; resuming drops the steps after the checkpoint."""
+
+    def __init__(self, run_dir: Path, *, after_step: int = 0) -> None:
+        self.path = run_dir / METRICS_FILE
+        if self.path.exists():  # a resumed run repeats the steps after its checkpoint: keep one copy
+            kept = [line for line in read_metrics(self.path) if line.get("step", 0) <= after_step]
+            self.path.write_text("".join(json.dumps(line) + "\n" for line in kept))
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as out:
+            out.write(json.dumps({k: _finite(v) for k, v in record.items()}) + "\n")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (lines that do not parse, as from a killed write, are skipped)."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+class TrainProgress:
+    """Call ``update`` after every step; use as a context manager."""
+
+    def __init__(
+        self,
+        total: int,
+        *,
+        done: int = 0,
+        log_every: int = 1,
+        plain: bool | None = None,
+        file: TextIO | None = None,
+    ) -> None:
+        self.total = total
+        self.done = done
+        self.log_every = log_every
+        self.file = file or sys.stderr
+        self.plain = plain if plain is not None else not self.file.isatty()
+        self._bar: Progress | None = None
+        self._task: Any = None
+        self._start = time.monotonic()
+
+    def __enter__(self) -> TrainProgress:
+        if not self.plain:
+            self._bar = Progress(
+                TextColumn("[bold]sft"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeElapsedColumn(),
+                console=Console(file=self.file),
+            )
+            self._bar.__enter__()
+            self._task = self._bar.add_task("sft", total=self.total, completed=self.done, stats="")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+
+    def update(self, record: dict[str, Any]) -> None:
+        self.done = record["step"]
+        stats = (
+            f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  grad {record['grad_norm']:.3g}  "
+            f"{record['tokens_per_s']:,.0f} tok/s ({record['trained_tokens_per_s']:,.0f} trained)"
+        )
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, stats=stats)
+        elif self.done % self.log_every == 0 or self.done == self.total:
+            elapsed = time.monotonic() - self._start
+            print(f"step {self.done}/{self.total}  {stats}  {elapsed:.0f}s", file=self.file, flush=True)
+
+    def note(self, text: str) -> None:
+        """A line between the updates (a checkpoint saved, say)."""
+        if self._bar is not None:
+            self._bar.console.print(text, soft_wrap=True)
+        else:
+            print(text, file=self.file, flush=True)
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinity as strings, so every line stays valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

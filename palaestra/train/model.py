@@ -1,0 +1,119 @@
+"""The model to train: load it (a folder, ``smollm2``, or a tiny one built here), add LoRA, save it.
+
+Every checkpoint is a plain transformers folder (weights, config, tokenizer with its chat
+template) that ``LocalClient``, ``palaestra eval -m PATH`` and ``palaestra play -m PATH`` load
+as they are: LoRA adapters are merged into the saved weights (the adapter is also kept, under
+``adapter/``, for resuming and for anyone who wants it alone).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from palaestra.train.sft_config import LoraConfig, ModelConfig
+
+ADAPTER_DIR = "adapter"
+
+
+def load_model(config: ModelConfig, texts: Callable[[], list[str]], *, device: Any) -> tuple[Any, Any]:
+    """The model (float32, on ``device``) and its tokenizer; ``texts`` trains a tiny model's tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from palaestra.clients.default_model import resolve_model
+
+    if config.tiny is not None:
+        from palaestra.tiny_model import TinyConfig, build_tiny_model
+
+        tiny = config.tiny
+        sizes = TinyConfig(
+            vocab_size=tiny.vocab_size,
+            hidden_size=tiny.hidden_size,
+            intermediate_size=tiny.intermediate_size,
+            num_layers=tiny.num_layers,
+            num_heads=tiny.num_heads,
+            num_kv_heads=tiny.num_kv_heads,
+            max_positions=tiny.max_positions,
+            initializer_range=tiny.initializer_range,
+            tie_embeddings=tiny.tie_embeddings,
+            seed=tiny.seed,
+        )
+        model, tokenizer = build_tiny_model(texts(), sizes)
+        model.set_attn_implementation(config.attn_implementation)
+    else:
+        path = resolve_model(str(config.path))
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch.float32, attn_implementation=config.attn_implementation
+            )
+        except OSError as exc:
+            raise ValueError(f"model.path: cannot load {config.path!r} ({exc})") from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"model: the tokenizer of {config.path or 'the tiny model'} has no chat template")
+    for name in ("final_logit_softcapping", "logit_scale"):
+        if getattr(model.config, name, None) not in (None, 1.0):
+            raise ValueError(f"model: {name} is not supported (the loss applies the output layer alone)")
+    return model.to(device), tokenizer
+
+
+def add_lora(model: Any, config: LoraConfig) -> Any:
+    """``model`` wrapped with LoRA adapters on ``config.target_modules`` (which must all exist)."""
+    try:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+    except ImportError as exc:
+        raise ValueError(f"lora needs the peft package: pip install 'palaestra[train]' ({exc})") from None
+    import torch
+
+    linear = sorted(
+        {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    )
+    missing = [t for t in config.target_modules if t not in linear]
+    if missing:
+        raise ValueError(
+            f"lora.target_modules: {', '.join(missing)} not in the model; its linear modules are: {', '.join(linear)}"
+        )
+    peft_config = PeftLoraConfig(
+        r=config.rank,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=list(config.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, peft_config)
+
+
+def load_adapter(model: Any, path: Path) -> Any:
+    """``model`` with the trainable LoRA adapter saved at ``path`` (for resuming)."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(path), is_trainable=True)
+
+
+def is_lora(model: Any) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def backbone_and_head(model: Any) -> tuple[Any, Any]:
+    """The transformer body (ids → hidden states) and the output layer of a causal LM (LoRA or not)."""
+    base = model.get_base_model() if is_lora(model) else model
+    return base.get_decoder(), base.get_output_embeddings()
+
+
+def save_model(model: Any, tokenizer: Any, path: Path) -> None:
+    """A plain checkpoint at ``path``; a LoRA model is merged into a copy (the live model is untouched)."""
+    if is_lora(model):
+        model.save_pretrained(str(path / ADAPTER_DIR))
+        model = copy.deepcopy(model).merge_and_unload()
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+
+
+def parameter_counts(model: Any) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)

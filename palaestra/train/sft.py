@@ -1,0 +1,289 @@
+"""Supervised fine-tuning on the assistant turns of chat conversations: the whole loop, top to bottom.
+
+1. Check everything that can be wrong with the input (config, data, model, LoRA targets, lengths)
+   before any work, so a mistake costs one line and no compute.
+2. Tokenise every conversation once, through the chat template ``LocalClient`` samples with, and
+   mask everything but the assistant turns (``tokenize.py``).
+3. Train: each step takes ``batch_size`` conversations in a seeded order (``batching.py``), cut
+   into micro-batches that fit in memory; the loss is the mean cross-entropy over the step's
+   trained tokens, and the output layer runs on those positions only (most tokens are context).
+   AdamW, warm-up then a constant or cosine learning rate, gradient clipping.
+4. Log every step (``metrics.jsonl``, ``curves.html``), checkpoint every ``save_every`` steps and
+   at the end; a NaN or infinite loss or gradient stops the run before it touches the weights.
+
+``resume`` continues a run from its last checkpoint: model, optimizer, scheduler, data position
+and RNG states, so the next step's loss equals the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from palaestra.train import checkpoint as ckpt
+from palaestra.train.batching import MicroBatch, micro_batches, step_indices
+from palaestra.train.config import ConfigError, load_config, to_toml
+from palaestra.train.curves import write_curves
+from palaestra.train.data import load_conversations, message_texts
+from palaestra.train.metrics import MetricsLog, TrainProgress
+from palaestra.train.model import (
+    ADAPTER_DIR,
+    add_lora,
+    backbone_and_head,
+    is_lora,
+    load_adapter,
+    load_model,
+    parameter_counts,
+)
+from palaestra.train.sft_config import ModelConfig, SFTConfig
+from palaestra.train.tokenize import IGNORE, Encoded, encode, end_of_turn_ids
+
+CONFIG_FILE = "config.toml"
+BASE_MODEL_DIR = "base-model"  # a tiny model's initial weights, the base a LoRA run resumes on
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (a NaN loss, say); what was saved before stays."""
+
+
+def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: bool | None = None) -> Path:
+    """Train as ``config`` says (or continue the run in ``resume``); returns the run folder.
+
+    ``progress``: ``True`` for a Rich bar (plain lines when stderr is not a terminal), ``None`` for
+    plain lines, ``False`` for nothing.
+    """
+    import torch
+
+    # -- 1. check the input and load everything, before any work ---------------------------------
+    run_dir = Path(resume) if resume is not None else Path(config.output.dir)
+    checkpoint, state = None, None
+    if resume is not None:
+        checkpoint = ckpt.latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise ConfigError(f"--resume {run_dir}: no complete checkpoint to resume from")
+        state = ckpt.load_state(checkpoint)
+        if state["step"] >= config.train.steps:
+            raise ConfigError(
+                f"--resume: the run is at step {state['step']} already; raise train.steps to go on"
+            )
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"output.dir {run_dir} is not empty: resume it with --resume, or pick another output.dir"
+        )
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    device = torch.device("cuda" if config.train.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if config.train.device == "auto" else config.train.device)  # fmt: skip
+    bf16 = config.train.mixed_precision == "bf16" or (
+        config.train.mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    )
+    torch.manual_seed(config.train.seed)
+
+    conversations = load_conversations(config.data.path)
+    model_config = config.model
+    if checkpoint is not None and not config.lora.enabled:  # full fine-tuning resumes from the saved weights
+        model_config = ModelConfig(path=str(checkpoint), attn_implementation=config.model.attn_implementation)
+    elif checkpoint is not None and config.model.tiny is not None:  # LoRA on a tiny model: its saved base
+        model_config = ModelConfig(
+            path=str(run_dir / BASE_MODEL_DIR), attn_implementation=config.model.attn_implementation
+        )
+    model, tokenizer = load_model(model_config, lambda: message_texts(conversations), device=device)
+    examples = encode_all(
+        tokenizer, conversations, config, end_of_turn_ids(tokenizer, model.generation_config)
+    )
+    fingerprint = data_fingerprint(examples)
+    if state is not None and state["data_fingerprint"] != fingerprint:
+        raise ConfigError(
+            f"--resume: the data or tokenizer changed since the run started ({config.data.path})"
+        )
+    if config.lora.enabled:
+        model = load_adapter(model, checkpoint / ADAPTER_DIR) if checkpoint else add_lora(model, config.lora)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    # -- 2. the run folder -------------------------------------------------------------------------
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_FILE).write_text(to_toml(config))
+    if resume is None and config.model.tiny is not None:
+        base_model = model.get_base_model() if is_lora(model) else model
+        base_model.save_pretrained(run_dir / BASE_MODEL_DIR)
+        tokenizer.save_pretrained(run_dir / BASE_MODEL_DIR)
+    trainable, total = parameter_counts(model)
+    say = print if progress is not False else _quiet
+    say(describe(examples, conversations, config, trainable, total, device, bf16, run_dir))
+
+    # -- 3. optimizer and learning-rate schedule ---------------------------------------------------
+    opt = config.optim
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config))
+    start = 0
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        ckpt.restore_rng(state)
+        start = state["step"]
+
+    # -- 4. train ----------------------------------------------------------------------------------
+    backbone, head = backbone_and_head(model)
+    log = MetricsLog(run_dir, after_step=start)
+    last_saved = checkpoint
+    model.train()
+    show = TrainProgress(config.train.steps, done=start, log_every=config.output.log_every,
+                         plain=None if progress else True)  # fmt: skip
+    with show if progress is not False else _nothing():
+        for step in range(start, config.train.steps):
+            t0 = time.perf_counter()
+            batch = [
+                examples[i]
+                for i in step_indices(len(examples), config.train.batch_size, config.train.seed, step)
+            ]
+            trained = sum(e.trained for e in batch)
+            loss_sum, tokens, padding = 0.0, 0, 0
+            for micro in micro_batches(batch, max_tokens=config.train.micro_batch_tokens, pad_id=pad_id,
+                                       packing=config.train.packing, row_tokens=config.data.max_length):  # fmt: skip
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    loss = token_loss_sum(backbone, head, micro, device) / trained
+                if not math.isfinite(loss.item()):
+                    raise diverged(step + 1, "loss", loss.item(), last_saved)
+                loss.backward()
+                loss_sum += loss.item()
+                tokens, padding = tokens + micro.tokens, padding + micro.padding
+            clip = opt.max_grad_norm if opt.max_grad_norm > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            if not math.isfinite(grad_norm):
+                raise diverged(step + 1, "gradient norm", grad_norm, last_saved)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            seconds = time.perf_counter() - t0
+            record = {
+                "step": step + 1,
+                "epoch": (step + 1) * config.train.batch_size / len(examples),
+                "loss": loss_sum,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens": tokens,
+                "trained_tokens": trained,
+                "padding_fraction": padding / (tokens + padding),
+                "seconds": seconds,
+                "tokens_per_s": tokens / seconds,
+                "trained_tokens_per_s": trained / seconds,
+            }
+            log.write(record)
+            show.update(record)
+            done = step + 1 == config.train.steps
+            if done or (config.output.save_every and (step + 1) % config.output.save_every == 0):
+                extra = {"data_fingerprint": fingerprint}
+                last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
+                                                  optimizer=optimizer, scheduler=scheduler, extra=extra)  # fmt: skip
+                write_curves([run_dir], run_dir / "curves.html")
+                show.note(f"checkpoint: {last_saved}")
+    final = ckpt.link_final(run_dir, last_saved) if last_saved is not None else run_dir
+    say(f"done: {final} (loss curves: {run_dir / 'curves.html'})")
+    return run_dir
+
+
+def token_loss_sum(backbone: Any, head: Any, micro: MicroBatch, device: Any) -> Any:
+    """Summed cross-entropy of the micro-batch's trained tokens; the output layer runs on those only."""
+    import torch.nn.functional as F
+
+    hidden = backbone(
+        input_ids=micro.input_ids.to(device),
+        attention_mask=None if micro.attention_mask is None else micro.attention_mask.to(device),
+        position_ids=micro.position_ids.to(device),
+        use_cache=False,
+    ).last_hidden_state
+    targets = micro.labels[:, 1:].to(device)  # position t predicts token t + 1
+    trained = targets != IGNORE
+    logits = head(hidden[:, :-1][trained])
+    return F.cross_entropy(logits.float(), targets[trained], reduction="sum")
+
+
+def lr_factor(step: int, config: SFTConfig) -> float:
+    """The learning rate of optimizer step ``step`` (from 0) as a fraction of ``optim.lr``."""
+    warmup, total = config.optim.warmup_steps, config.train.steps
+    if step < warmup:
+        return (step + 1) / warmup
+    if config.optim.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    low = config.optim.min_lr_ratio
+    return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def encode_all(
+    tokenizer: Any, conversations: list[Any], config: SFTConfig, end_of_turn: set[int]
+) -> list[Encoded]:
+    """Every conversation tokenised and masked; a ``max_length`` that cuts off a prompt is an error."""
+    max_length = config.data.max_length
+    examples = []
+    for i, messages in enumerate(conversations):
+        try:
+            example = encode(tokenizer, messages, max_length=max_length, end_of_turn=end_of_turn)
+        except ValueError as exc:
+            raise ConfigError(f"data.path: row {i}: {exc}") from None
+        if example.prompt_length >= max_length:
+            raise ConfigError(
+                f"data.max_length {max_length} is shorter than the prompt of row {i} ({example.prompt_length} "
+                "tokens before its first assistant turn); raise data.max_length"
+            )
+        examples.append(example)
+    return examples
+
+
+def data_fingerprint(examples: list[Encoded]) -> str:
+    """A hash of every id and label: a resumed run must train on exactly the same data."""
+    digest = hashlib.blake2b(digest_size=16)
+    for example in examples:
+        digest.update(repr((example.input_ids, example.labels)).encode())
+    return digest.hexdigest()
+
+
+def describe(
+    examples: list[Encoded], conversations: list[Any], config: SFTConfig, trainable: int, total: int,
+    device: Any, bf16: bool, run_dir: Path,
+) -> str:  # fmt: skip
+    """What is about to be trained, in three lines: data, model, run."""
+    tokens = sum(len(e.input_ids) for e in examples)
+    trained = sum(e.trained for e in examples)
+    cut = [e for e in examples if e.cut]
+    kind = f"LoRA rank {config.lora.rank}" if config.lora.enabled else "full fine-tuning"
+    return (
+        f"data: {len(examples)} conversations, {tokens:,} tokens, {trained:,} trained ({trained / tokens:.1%}), "
+        f"longest {max(len(e.input_ids) for e in examples)}; {len(cut)} cut at max_length {config.data.max_length}"
+        f" ({sum(e.cut for e in cut):,} trained tokens lost)\n"
+        f"model: {config.model.path or 'tiny'}, {total / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable "
+        f"({kind}); {device.type}, {'bf16 autocast' if bf16 else 'float32'}\n"
+        f"run: {run_dir}, {config.train.steps} steps of {config.train.batch_size} conversations"
+    )
+
+
+def diverged(step: int, what: str, value: float, last_saved: Path | None) -> TrainingError:
+    kept = f"the last good checkpoint is {last_saved}" if last_saved else "no checkpoint was saved before it"
+    return TrainingError(f"step {step}: the {what} is {value}; stopped before updating the weights; {kept}")
+
+
+def resume_config(run_dir: str | Path, overrides: dict[str, str] | None = None) -> SFTConfig:
+    """The config a run was started with (``RUN_DIR/config.toml``), with ``overrides`` on top."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it an SFT run folder?")
+    return load_config(SFTConfig, path, overrides)
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+def _quiet(*args: object) -> None:
+    return None

@@ -1,0 +1,163 @@
+"""The SFT trainer's config: one frozen dataclass per TOML section, each checking its own values.
+
+docs/training.md is the reference of every key; ``examples/tictactoe/*.toml`` are worked configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+LLAMA_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The conversations to learn: a dataset folder (``--save-dataset``, ``data filter``) or a JSONL file."""
+
+    path: str
+    max_length: int = 1024  # tokens per conversation; longer ones are cut (and counted)
+
+    def __post_init__(self) -> None:
+        _at_least("max_length", self.max_length, 2)
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """A randomly initialised Llama with a tokenizer trained on the dataset's own text."""
+
+    vocab_size: int = 1000
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_positions: int = 2048
+    initializer_range: float = 0.02
+    tie_embeddings: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+        ):
+            _at_least(name, getattr(self, name), 1)
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError("hidden_size must divide by num_heads, and num_heads by num_kv_heads")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``path``: a model folder, a hub id or ``smollm2``; or a ``[model.tiny]`` table instead."""
+
+    path: str | None = None
+    tiny: TinyModelConfig | None = None
+    attn_implementation: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.tiny is None):
+            raise ValueError(
+                "give exactly one of path (a model folder, a hub id or smollm2) and [model.tiny]"
+            )
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters instead of full fine-tuning; merged into every checkpoint."""
+
+    enabled: bool = False
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = LLAMA_LINEAR
+
+    def __post_init__(self) -> None:
+        _at_least("rank", self.rank, 1)
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError("target_modules must name at least one module")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW, linear warm-up, then a constant or cosine learning rate; gradient clipping."""
+
+    lr: float = 5e-5
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # the cosine schedule ends at lr × min_lr_ratio
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # 0 turns clipping off (the norm is still logged)
+
+    def __post_init__(self) -> None:
+        if not self.lr >= 0:
+            raise ValueError(f"lr must be at least 0, got {self.lr}")
+        _at_least("warmup_steps", self.warmup_steps, 0)
+        if not 0 <= self.min_lr_ratio <= 1 or self.weight_decay < 0 or self.max_grad_norm < 0:
+            raise ValueError("need 0 <= min_lr_ratio <= 1, weight_decay >= 0 and max_grad_norm >= 0")
+        if not all(0 <= b < 1 for b in self.betas) or self.eps <= 0:
+            raise ValueError(f"betas must be in [0, 1) and eps > 0, got {self.betas}, {self.eps}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How long and in what pieces: steps of ``batch_size`` conversations, cut into micro-batches."""
+
+    steps: int = 100
+    batch_size: int = 8  # conversations per optimizer step
+    micro_batch_tokens: int = 4096  # tokens (padding included) per forward/backward pass
+    packing: bool = False  # pack conversations into rows (see docs/training.md) instead of padding
+    seed: int = 0
+    device: str = "auto"  # "auto": CUDA when present, else CPU
+    mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast on a GPU that has it
+    threads: int = 0  # torch CPU threads; 0 keeps torch's default
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "micro_batch_tokens"):
+            _at_least(name, getattr(self, name), 1)
+        _at_least("threads", self.threads, 0)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where the run goes, how often it is saved and logged."""
+
+    dir: str = "runs/sft"
+    save_every: int = 0  # steps between checkpoints; 0: only at the end
+    log_every: int = 1  # steps between plain progress lines (metrics.jsonl gets every step)
+
+    def __post_init__(self) -> None:
+        _at_least("save_every", self.save_every, 0)
+        _at_least("log_every", self.log_every, 1)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning on the assistant turns of chat conversations."""
+
+    data: DataConfig
+    model: ModelConfig
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def __post_init__(self) -> None:
+        if self.train.micro_batch_tokens < self.data.max_length:
+            raise ValueError(
+                f"train.micro_batch_tokens ({self.train.micro_batch_tokens}) must be at least data.max_length "
+                f"({self.data.max_length}): the longest conversation must fit in one micro-batch"
+            )
+
+
+def _at_least(name: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
