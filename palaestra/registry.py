@@ -49,7 +49,7 @@ def load_environment(name: str, **kwargs: Any) -> Environment:
         unknown = sorted(set(kwargs) - set(accepted))
         if unknown:
             raise EnvironmentArgsError(
-                f"environment {name!r} does not take {', '.join(unknown)}; "
+                f"environment {name!r} does not take {', '.join(map(repr, unknown))}; "
                 f"it takes: {', '.join(accepted) or 'no arguments'}"
             )
     try:

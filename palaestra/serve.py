@@ -268,14 +268,17 @@ def serve(
     app = create_app(client, model_names=names, api_key=api_key, max_body_bytes=max_body_bytes)
 
     async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (
+            signal.SIGINT,
+            signal.SIGTERM,
+        ):  # before the address is printed: a stop from then on is clean
+            loop.add_signal_handler(sig, stop.set)
         runner, url = await start(app, host, port)
         also = f" (also as {', '.join(names[1:])})" if len(names) > 1 else ""
         key = "; requests need the API key" if api_key else ""
         print(f"serving {names[0]}{also} at {url}{key}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         try:
             await stop.wait()
         finally:

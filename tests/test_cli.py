@@ -65,7 +65,7 @@ async def test_eval_against_an_http_server(tmp_path: Path) -> None:
         (["eval", "no_such_env", "-m", "x"], "unknown environment 'no_such_env'; installed:"),
         (["eval", "reverse_text", "-m", "x", "-a", "{not json"], "-a is not valid JSON"),
         (["eval", "reverse_text", "-m", "x", "-a", "[1]"], "-a must be a JSON object"),
-        (["eval", "reverse_text", "-m", "x", "-a", '{"bogus": 1}'], "does not take bogus"),
+        (["eval", "reverse_text", "-m", "x", "-a", '{"bogus": 1}'], "does not take 'bogus'"),
         (["eval", "reverse_text", "-m", "x", "-a", '{"num_examples": 0}'], "num_examples"),
         (["eval", "reverse_text", "-m", "scripted:nope"], "expected scripted:MODULE:FUNCTION"),
         (["eval", "reverse_text", "-m", "scripted:reverse_text:missing"], "cannot load"),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from palaestra.cli import main
@@ -38,7 +38,9 @@ INTS = st.one_of(st.integers(-5, 20), st.integers(2**64, 2**70), st.integers(-(2
 SCALARS = st.one_of(st.none(), st.booleans(), INTS, st.floats(), st.text(max_size=12))
 JSON = st.recursive(
     SCALARS,
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 
@@ -74,6 +76,7 @@ def run_main(argv: list[str]) -> tuple[int, str]:
 
 def assert_result_or_one_line(code: int, err: str) -> None:
     assert code in (0, 2), (code, err)
+    event(f"exit {code}")
     if code == 2:
         assert err.startswith("palaestra: error:") and err.count("\n") == 1, err
         assert "Traceback" not in err
@@ -129,7 +132,9 @@ def test_sampling_args_are_run_or_refused_in_one_line(text: str) -> None:
 def saved_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real, complete run of 2 examples × 2 rollouts, copied before each damage."""
     out = tmp_path_factory.mktemp("fuzz-run")
-    code, err = run_main(["eval", "reverse_text", "-m", ORACLE, "-n", "2", "-r", "2", "-o", str(out), "--quiet"])
+    code, err = run_main(
+        ["eval", "reverse_text", "-m", ORACLE, "-n", "2", "-r", "2", "-o", str(out), "--quiet"]
+    )
     assert code == 0, err
     return next((out / "evals").glob("*/*"))
 
@@ -160,7 +165,7 @@ LINES = st.one_of(JSON.map(lambda v: json.dumps(v).encode()), st.binary(max_size
 def test_a_damaged_results_line_is_skipped(saved_run: Path, line: bytes) -> None:
     with copy_of(saved_run) as run_dir:
         results = run_dir / "results.jsonl"
-        first, *rest = results.read_bytes().splitlines(keepends=True)
+        _, *rest = results.read_bytes().splitlines(keepends=True)
         results.write_bytes(line + b"\n" + b"".join(rest))
         run = load_run(run_dir)
         assert len(run.rollouts) == 3  # the other three are read as saved
@@ -195,3 +200,50 @@ def test_damaged_metadata_is_read_or_refused_in_one_line(saved_run: Path, damage
         except RunStoreError as exc:
             assert "\n" not in str(exc)
         assert_report_and_resume_answer(run_dir)
+
+
+# --- found by fuzzing single fields of a saved rollout ----------------------------------------
+
+WRONG_TYPES = [("stop_reason", ["answered"]), ("metrics", {"lcs_reward": "high"})]
+
+
+def give_a_wrongly_typed_field(run_dir: Path, field: str, value: Any) -> None:
+    """Example 0's first rollout gets a field of the wrong type; the line is otherwise whole JSON."""
+    results = run_dir / "results.jsonl"
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    at = next(i for i, row in enumerate(rows) if (row["example_id"], row["rollout_index"]) == (0, 0))
+    rows[at][field] = value
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+@pytest.mark.parametrize(("field", "value"), WRONG_TYPES)
+def test_resume_reruns_a_group_whose_line_has_a_wrongly_typed_field(
+    saved_run: Path, field: str, value: Any
+) -> None:
+    with copy_of(saved_run) as run_dir:
+        give_a_wrongly_typed_field(run_dir, field, value)
+        code, err = run_main(["eval", "--resume", str(run_dir), "-m", ORACLE, "--quiet"])
+        assert code == 0 and "Traceback" not in err
+        run = load_run(run_dir)
+        assert sorted((r.example_id, r.rollout_index) for r in run.rollouts) == [
+            (0, 0),
+            (0, 1),
+            (1, 0),
+            (1, 1),
+        ]
+        assert all(r.stop_reason == "answered" and r.metrics["lcs_reward"] == 1.0 for r in run.rollouts)
+        assert run.metadata.status == "complete"
+
+
+@pytest.mark.parametrize(("field", "value"), WRONG_TYPES)
+def test_report_of_a_run_whose_line_has_a_wrongly_typed_field(
+    saved_run: Path, field: str, value: Any
+) -> None:
+    with copy_of(saved_run) as run_dir:
+        give_a_wrongly_typed_field(run_dir, field, value)
+        meta = json.loads((run_dir / "metadata.json").read_text())
+        del meta["summary"]  # as a killed run has none: the report computes it from the rollouts
+        (run_dir / "metadata.json").write_text(json.dumps(meta))
+        code, err = run_main(["report", str(run_dir)])
+        assert (code, err) == (0, "")
+        assert (run_dir / "report.html").is_file()

@@ -43,13 +43,8 @@ def served(*args: Any, **kwargs: Any) -> Iterator[FakeOpenAIServer]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-
-    async def make() -> FakeOpenAIServer:
-        server = FakeOpenAIServer(*args, **kwargs)
-        await server.start()
-        return server
-
-    server = asyncio.run_coroutine_threadsafe(make(), loop).result(30)
+    server = FakeOpenAIServer(*args, **kwargs)
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
     try:
         yield server
     finally:
@@ -97,6 +92,15 @@ def test_more_examples_than_the_dataset_has(tmp_path: Path, capsys: pytest.Captu
     argv = ["eval", "reverse_text", "-m", ORACLE, "-a", '{"num_examples": 10}', "-n", "2000", "-o", str(out)]
     assert main(argv) == 2
     assert_one_line_error(capsys.readouterr().err, "asked for 2000 examples but the dataset has 10")
+    assert not out.exists()
+
+
+def test_an_unknown_env_arg_with_a_newline_is_still_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert main(eval_args(out, "-a", '{"bad\\nkey": 1}')) == 2
+    assert_one_line_error(capsys.readouterr().err, "bad", "key", "it takes: num_examples")
     assert not out.exists()
 
 
@@ -148,7 +152,9 @@ def test_a_folder_that_is_not_a_model(
     assert not (tmp_path / "out").exists()
 
 
-def test_an_empty_key_variable_points_to_no_api_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_empty_key_variable_points_to_no_api_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(eval_args(tmp_path / "out", "-k", "", model="gpt-x")) == 2
     assert_one_line_error(capsys.readouterr().err, "-k", "--no-api-key")
 
@@ -220,11 +226,6 @@ def test_a_bad_dataset_path_fails_before_the_run(
 # --- calling main from a thread ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    reason="BUG: main(['eval', ...]) off the main thread exits 2: "
-    "'add_signal_handler() can only be called from the main thread'",
-    strict=True,
-)
 async def test_eval_runs_when_main_is_called_from_a_worker_thread(tmp_path: Path) -> None:
     # the documented way for async tests (and e.g. notebooks) to drive the synchronous CLI
     async with FakeOpenAIServer(reverse_reply) as server:

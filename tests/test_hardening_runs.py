@@ -69,13 +69,8 @@ def served(*args: Any, **kwargs: Any) -> Iterator[FakeOpenAIServer]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-
-    async def make() -> FakeOpenAIServer:
-        server = FakeOpenAIServer(*args, **kwargs)
-        await server.start()
-        return server
-
-    server = asyncio.run_coroutine_threadsafe(make(), loop).result(30)
+    server = FakeOpenAIServer(*args, **kwargs)
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
     try:
         yield server
     finally:
@@ -92,10 +87,9 @@ def new_run(out: Path, *args: str, env: str = "reverse_text", model: str = ORACL
     return run_dir
 
 
-def as_interrupted(run_dir: Path, keep_lines: int = 0) -> None:
-    """Cut the results to their first ``keep_lines`` lines and mark the run interrupted."""
-    results = run_dir / "results.jsonl"
-    results.write_text("".join(results.read_text().splitlines(keepends=True)[:keep_lines]))
+def as_interrupted(run_dir: Path) -> None:
+    """Empty the results and mark the run interrupted: a resume has all of it to run."""
+    (run_dir / "results.jsonl").write_text("")
     meta = json.loads((run_dir / "metadata.json").read_text())
     meta["status"] = "interrupted"
     (run_dir / "metadata.json").write_text(json.dumps(meta))
@@ -187,7 +181,7 @@ def test_resume_talks_to_a_new_url_with_a_new_key_variable(
 ) -> None:
     with served(reverse_reply) as first:
         run_dir = new_run(tmp_path / "out", "-n", "3", "-r", "2", "-b", first.base_url, model=first.model)
-    as_interrupted(run_dir, keep_lines=0)
+    as_interrupted(run_dir)
     monkeypatch.setenv("OTHER_VAR", "sekrit")
     with served(reverse_reply, api_key="sekrit") as second:
         capsys.readouterr()
@@ -398,7 +392,9 @@ async def test_errored_rollouts_are_not_scored(tmp_path: Path) -> None:
         return "fine"
 
     questions = ["ok", "setup fails", "model fails", "ok too"]
-    env = SetupFails(dataset=[{"question": q} for q in questions], rubric=pa.Rubric([always_one]), max_turns=1)
+    env = SetupFails(
+        dataset=[{"question": q} for q in questions], rubric=pa.Rubric([always_one]), max_turns=1
+    )
     run = await pa.evaluate(
         env, pa.ScriptedClient(policy), pa.RunSpec(rollouts_per_example=2), output_dir=tmp_path
     )

@@ -136,11 +136,6 @@ async def test_serve_command_warns_when_bound_to_all_interfaces_without_a_key() 
     assert "PALAESTRA_API_KEY" in ended["stderr"]
 
 
-@pytest.mark.xfail(
-    reason="BUG: serve() prints 'serving ... at URL' before installing its SIGINT/SIGTERM handlers, "
-    "so a Ctrl-C right after the line raises KeyboardInterrupt (CLI: exit 130) instead of a clean stop",
-    strict=True,
-)
 def test_ctrl_c_right_after_the_serving_line_is_a_clean_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     said: list[str] = []
 
@@ -204,7 +199,7 @@ async def test_a_body_cut_short_by_the_caller_is_quiet_and_the_server_goes_on(
     async with running(pa.ScriptedClient(policy, model=MODEL)) as url:
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         for _ in range(3):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
             head = (
                 "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"

@@ -18,6 +18,7 @@ from palaestra.cli.common import (
     DEFAULT_MODEL,
     LOCAL_PREFIX,
     ClientOptions,
+    OneLineParser,
     UsageError,
     add_client_arguments,
     close_client,
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="palaestra", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="palaestra", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"palaestra {pa.__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 

@@ -8,7 +8,7 @@ import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import palaestra as pa
 from palaestra.clients.openai import DEFAULT_BASE_URL
@@ -22,6 +22,13 @@ DEFAULT_KEY_VAR = "OPENAI_API_KEY"
 
 class UsageError(Exception):
     """Input the user can fix; printed as one line."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line (argparse prints the usage block too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"palaestra: error: {message} (see: {self.prog} --help)\n")
 
 
 def parse_json_object(text: str, flag: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import signal
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -97,8 +98,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         assert task is not None
-        for sig in (signal.SIGTERM, signal.SIGHUP):  # like Ctrl-C: save, then say how to resume
-            loop.add_signal_handler(sig, task.cancel)
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            for sig in (signal.SIGTERM, signal.SIGHUP):  # like Ctrl-C: save, then say how to resume
+                loop.add_signal_handler(sig, task.cancel)
         try:
             if isinstance(client, pa.OpenAIClient):
                 await client.check()

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from palaestra.cli.common import UsageError
+from palaestra.cli.common import OneLineParser, UsageError
 
 SFT_EPILOG = """\
 Every key of the config can be overridden: --optim.lr 1e-4, --train.steps=40, --lora.enabled true,
@@ -21,7 +21,7 @@ Every key of the config can be overridden: --optim.lr 1e-4, --train.steps=40, --
 """
 
 
-class OverridesParser(argparse.ArgumentParser):
+class OverridesParser(OneLineParser):
     """An argparse parser that also takes ``--section.key VALUE`` pairs, kept in ``args.overrides``."""
 
     def parse_known_args(  # type: ignore[override]  # same signature; typeshed's overloads differ per version

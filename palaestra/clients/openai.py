@@ -202,6 +202,7 @@ class OpenAIClient:
         not answer within ``timeout``, ``ModelHTTPError`` if it rejects the API key or does not
         list this model among the ones it serves. Servers without ``/models`` pass."""
         url = self.base_url + "/models"
+        timeout = min(timeout, self.timeout)
         try:
             async with aiohttp.ClientSession(headers=self.headers) as session:
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:

@@ -71,6 +71,9 @@ async def evaluate(
                 metadata.spec = metadata.spec.replace(
                     max_concurrent=spec.max_concurrent, max_failures_in_a_row=spec.max_failures_in_a_row
                 )
+            # where the model is reached from now on (a server that moved), so a later resume finds it
+            metadata.base_url = getattr(client, "base_url", metadata.base_url)
+            metadata.api_key_var = getattr(client, "api_key_var", metadata.api_key_var)
             examples = env.select(metadata.spec.num_examples)
             plan = resume_plan(store, examples, metadata.spec.rollouts_per_example)
             if plan.dropped:
