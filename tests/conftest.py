@@ -31,3 +31,23 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-llama")
     build_tiny_model(tiny_sentences(), path=path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tictactoe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random Llama whose tokenizer was trained on tic-tac-toe games, with room for a whole game."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import asyncio
+
+    import tictactoe
+
+    import palaestra as pa
+    from palaestra.tiny_model import TinyConfig, build_tiny_model
+
+    env = pa.load_environment("tictactoe", num_examples=40, seed=123)
+    games = asyncio.run(env.run(pa.ScriptedClient(tictactoe.heuristic_player), pa.RunSpec()))
+    texts = [str(m.get("content") or "") for r in games for m in r.messages]
+    path = tmp_path_factory.mktemp("tiny-tictactoe")
+    build_tiny_model(texts, TinyConfig(vocab_size=600, max_positions=2048), path=path)
+    return path

@@ -4,6 +4,8 @@ turned into exactly the sampled token ids."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,3 +189,71 @@ def test_a_rollout_without_token_ids_is_a_clear_error() -> None:
     rollout.turns = [Turn(0, 0, token_ids=[4, 5], logprobs=None, prompt_token_ids=[1])]
     with pytest.raises(TokenError, match="prompt ids, completion ids and logprobs"):
         rollout_sequences(rollout, 1.0)
+
+
+# --- token-exact: a real multi-turn game sampled by LocalClient ------------------------------------
+
+
+async def test_the_trained_tokens_of_a_tic_tac_toe_rollout_are_exactly_the_sampled_ones(
+    tiny_tictactoe_model_dir: Path,
+) -> None:
+    from palaestra.clients.local import LocalClient
+
+    env = pa.load_environment("tictactoe", num_examples=4, opponent="random", max_turns=3)
+    client = LocalClient(tiny_tictactoe_model_dir, name="tiny")
+    try:
+        spec = pa.RunSpec(rollouts_per_example=2, sampling=pa.Sampling(max_tokens=6, logprobs=True), seed=3)
+        rollouts = await env.run(client, spec)
+    finally:
+        await client.aclose()
+    assert sum(len(r.turns) for r in rollouts) > len(rollouts), "the games must have several turns"
+    for rollout in rollouts:
+        sequences = rollout_sequences(rollout, advantage=1.0)
+        # a random model's replies can end inside a UTF-8 character, which the next prompt re-renders
+        # as other ids: such rollouts are trained turn by turn; the others as one sequence
+        assert len(sequences) == (1 if chains(rollout) else len(rollout.turns))
+        trained = [t for seq in sequences for t, m in zip(seq.input_ids, seq.mask, strict=True) if m]
+        assert trained == [t for turn in rollout.turns for t in turn.token_ids or ()]
+        logprobs = [
+            lp for seq in sequences for lp, m in zip(seq.sampler_logprobs, seq.mask, strict=True) if m
+        ]
+        assert logprobs == [lp for turn in rollout.turns for lp in turn.logprobs or ()]
+        for seq, turn in zip(
+            sequences, rollout.turns if len(sequences) > 1 else rollout.turns[-1:], strict=True
+        ):
+            assert seq.input_ids[: len(turn.prompt_token_ids or [])] == turn.prompt_token_ids  # what it saw
+
+
+def canonical_client(tokenizer: Any) -> pa.ScriptedClient:
+    """The heuristic player, answering as a sampler would that samples the canonical tokenisation."""
+    import tictactoe
+
+    from palaestra.chat_template import prompt_ids
+
+    def reply(messages: pa.Messages, rng: Any) -> pa.ModelResponse:
+        text = tictactoe.heuristic_player(messages, rng)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        return pa.ModelResponse({"role": "assistant", "content": text}, "stop", token_ids=ids,
+                                logprobs=[-0.5] * len(ids), prompt_token_ids=prompt_ids(tokenizer, messages))  # fmt: skip
+
+    return pa.ScriptedClient(reply)
+
+
+async def test_a_chatml_template_re_renders_earlier_turns_so_a_whole_game_is_one_sequence(
+    tiny_tictactoe_model_dir: Path,
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tictactoe_model_dir)
+    env = pa.load_environment("tictactoe", num_examples=6, opponent="optimal")
+    rollouts = await env.run(canonical_client(tokenizer), pa.RunSpec(seed=1))
+    assert all(len(r.turns) >= 3 for r in rollouts)
+    for rollout in rollouts:
+        assert chains(rollout)
+        (seq,) = rollout_sequences(rollout, advantage=0.5)
+        trained = [t for t, m in zip(seq.input_ids, seq.mask, strict=True) if m]
+        assert trained == [t for turn in rollout.turns for t in turn.token_ids or ()]
+        # the untrained tokens are the prompt and the environment's turns, as the template renders them
+        played = rollout.messages[:-1] if rollout.messages[-1]["role"] == "user" else rollout.messages
+        rendered = tokenizer.apply_chat_template(played, tokenize=False)
+        assert tokenizer.decode(seq.input_ids) == rendered.removesuffix("\n")  # ends at the last <|im_end|>

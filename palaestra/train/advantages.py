@@ -38,6 +38,7 @@ class Advantages:
     groups: int
     zero_groups: int  # groups whose rewards were all equal: no learning signal
     dropped: int  # rollouts without a reward (failed), never trained on
+    flat: frozenset[int] = frozenset()  # example ids of those groups: nothing to train on
 
 
 def group_advantages(rollouts: Sequence[Rollout], *, scale: Scale = "none", eps: float = 1e-6) -> Advantages:
@@ -53,13 +54,13 @@ def group_advantages(rollouts: Sequence[Rollout], *, scale: Scale = "none", eps:
             groups[rollout.example_id].append(rollout)
     kept: list[Rollout] = []
     values: list[float] = []
-    zero_groups = 0
-    for group in groups.values():
+    flat: set[int] = set()
+    for example_id, group in groups.items():
         rewards = [r.reward for r in group if r.reward is not None]
         mean = math.fsum(rewards) / len(rewards)
         centred = [x - mean for x in rewards]
         if all(abs(c) <= eps for c in centred):
-            zero_groups += 1
+            flat.add(example_id)
             centred = [0.0] * len(group)
         elif scale == "group_std":
             std = _std(rewards)
@@ -69,7 +70,9 @@ def group_advantages(rollouts: Sequence[Rollout], *, scale: Scale = "none", eps:
     if scale == "batch_std" and len(values) > 1:
         std = _std(values)
         values = [v / (std + eps) for v in values]
-    return Advantages(kept, values, groups=len(groups), zero_groups=zero_groups, dropped=dropped)
+    return Advantages(
+        kept, values, groups=len(groups), zero_groups=len(flat), dropped=dropped, flat=frozenset(flat)
+    )
 
 
 def _std(values: Sequence[float]) -> float:

@@ -7,8 +7,8 @@ types and failed value checks (a dataclass's ``__post_init__`` raising ``ValueEr
 ``ConfigError``: one line that names the key, before any work starts.
 
 Supported field types: ``bool``, ``int``, ``float`` (an integer is accepted), ``str``,
-``Literal[...]``, ``tuple[T, ...]``/``tuple[T, U]``/``list[T]``, a nested dataclass, and any of
-these ``| None`` (``None`` is written as an absent key, or ``none`` on the command line).
+``Literal[...]``, ``tuple[T, ...]``/``tuple[T, U]``/``list[T]``, a nested dataclass, a free-form
+table ``dict[str, Any]`` (an environment's arguments), and any of these ``| None`` (``None`` is written as an absent key, or ``none`` on the command line).
 """
 
 from __future__ import annotations
@@ -116,8 +116,10 @@ def to_dict(config: Any) -> dict[str, Any]:
         value = getattr(config, field.name)
         if dataclasses.is_dataclass(value):
             out[field.name] = to_dict(value)
+        elif isinstance(value, (list, tuple)):
+            out[field.name] = [to_dict(v) if dataclasses.is_dataclass(v) else v for v in value]
         elif value is not None:
-            out[field.name] = list(value) if isinstance(value, tuple) else value
+            out[field.name] = value
     return out
 
 
@@ -161,7 +163,7 @@ def _describe(hint: Any) -> str:
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
             return f"a list of {len(args)} ({', '.join(_describe(a) for a in args)})"
         return f"a list of {_describe(args[0])}"
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+    if (isinstance(hint, type) and dataclasses.is_dataclass(hint)) or hint is dict or origin is dict:
         return "a table"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
 
@@ -183,6 +185,10 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise _wrong(value, hint, key)
         return from_dict(hint, value, key)
+    if hint is dict or origin is dict:  # a free-form table, e.g. an environment's arguments
+        if not isinstance(value, Mapping):
+            raise _wrong(value, hint, key)
+        return dict(value)
     if origin is Literal:
         if value in args and not isinstance(value, bool):
             return value
@@ -279,4 +285,6 @@ def _toml_value(value: Any) -> str:
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table (inside an array)
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {value!r} as TOML")

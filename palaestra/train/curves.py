@@ -23,31 +23,59 @@ CHARTS = (
     ("grad_norm", "gradient norm (before clipping)"),
     ("trained_tokens_per_s", "trained tokens / s"),
 )
+RL_CHARTS = (
+    ("reward", "mean reward of the batch's rollouts"),
+    ("eval/reward", "held-out reward (mean over the eval sets)"),
+    ("entropy", "entropy of the sampled tokens (nats)"),
+    ("clipped_fraction", "tokens clipped, capped or masked by the loss"),
+    ("completion_tokens", "tokens per reply"),
+    ("loss", "loss"),
+    ("grad_norm", "gradient norm (before clipping)"),
+    ("seconds_sampling", "seconds sampling per step"),
+    ("seconds_training", "seconds training per step"),
+)
 W, H, LEFT, RIGHT, TOP, BOTTOM = 520, 260, 64, 16, 28, 36
 
 Series = tuple[str, str, list[float], list[float]]  # label, color, x, y
 
 
-def write_curves(run_dirs: Sequence[Path], out: Path, *, smoothing: float = 0.8) -> Path:
-    """Write the HTML page of the runs in ``run_dirs`` to ``out``; returns ``out``."""
+def write_curves(
+    run_dirs: Sequence[Path],
+    out: Path,
+    *,
+    smoothing: float = 0.8,
+    charts: Sequence[tuple[str, str]] | None = None,
+) -> Path:
+    """Write the HTML page of the runs in ``run_dirs`` to ``out``; returns ``out``.
+
+    ``charts`` is (metrics key, title) per chart; default: the SFT charts, or the RL ones for runs
+    whose records have a ``reward``. Smoothing (and a log scale) applies to ``loss`` and ``reward``.
+    """
     runs = []
     for i, run_dir in enumerate(run_dirs):
         path = Path(run_dir) / METRICS_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{run_dir}: no {METRICS_FILE} (is it a training run folder?)")
         runs.append((str(run_dir), COLORS[i % len(COLORS)], read_metrics(path)))
-    charts = []
-    for key, title in CHARTS:
+    rl = any("reward" in record for _, _, records in runs for record in records)
+    if charts is None:
+        charts = CHARTS
+        if rl:  # the fixed charts, then one per environment metric and held-out figure
+            found = dict.fromkeys(k for _, _, records in runs for r in records for k in r
+                                  if k.startswith(("metrics/", "eval/")) and k != "eval/reward")  # fmt: skip
+            charts = (*RL_CHARTS, *((k, k) for k in found))
+    pictures = []
+    for key, title in charts:
         lines: list[Series] = []
         faint: list[Series] = []
         for label, color, records in runs:
             points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
             xs, ys = [float(x) for x, _ in points], [float(y) for _, y in points]
-            if key == "loss" and len(ys) > 1:
+            if key in ("loss", "reward") and len(ys) > 1:
                 faint.append((label, color, xs, ys))
                 ys = ema(ys, smoothing)
             lines.append((label, color, xs, ys))
-        charts.append(svg_chart(title, lines, faint, log_y=key == "loss"))
+        pictures.append(svg_chart(title, lines, faint, log_y=key == "loss" and not rl))
     legend = "".join(
         f'<span style="color:{color}">&#9632;</span> {html.escape(label)} ({len(records)} steps)<br>'
         for label, color, records in runs
@@ -56,7 +84,7 @@ def write_curves(run_dirs: Sequence[Path], out: Path, *, smoothing: float = 0.8)
         "<!doctype html><html><head><meta charset='utf-8'><title>training curves</title>"
         "<style>body{font:14px sans-serif;margin:16px}svg{margin:4px;background:#fff;"
         "border:1px solid #ddd}</style></head><body>"
-        f"<h3>training curves</h3><p>{legend}</p>{''.join(charts)}</body></html>\n"
+        f"<h3>training curves</h3><p>{legend}</p>{''.join(pictures)}</body></html>\n"
     )
     return out
 

@@ -49,6 +49,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 class TrainProgress:
     """Call ``update`` after every step; use as a context manager."""
 
+    label = "sft"
+
     def __init__(
         self,
         total: int,
@@ -70,7 +72,7 @@ class TrainProgress:
     def __enter__(self) -> TrainProgress:
         if not self.plain:
             self._bar = Progress(
-                TextColumn("[bold]sft"),
+                TextColumn(f"[bold]{self.label}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[stats]}"),
@@ -78,19 +80,23 @@ class TrainProgress:
                 console=Console(file=self.file),
             )
             self._bar.__enter__()
-            self._task = self._bar.add_task("sft", total=self.total, completed=self.done, stats="")
+            self._task = self._bar.add_task(self.label, total=self.total, completed=self.done, stats="")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         if self._bar is not None:
             self._bar.__exit__(None, None, None)
 
-    def update(self, record: dict[str, Any]) -> None:
-        self.done = record["step"]
-        stats = (
+    def stats(self, record: dict[str, Any]) -> str:
+        """The step's figures on one line."""
+        return (
             f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  grad {record['grad_norm']:.3g}  "
             f"{record['tokens_per_s']:,.0f} tok/s ({record['trained_tokens_per_s']:,.0f} trained)"
         )
+
+    def update(self, record: dict[str, Any]) -> None:
+        self.done = record["step"]
+        stats = self.stats(record)
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done, stats=stats)
         elif self.done % self.log_every == 0 or self.done == self.total:

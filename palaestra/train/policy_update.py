@@ -1,0 +1,145 @@
+"""One policy update: a batch of sampled token sequences → loss → gradients → optimizer step.
+
+The sequences (``rollout_tokens.py``) are cut into micro-batches of at most ``micro_batch_tokens``
+tokens, padding included; each token's weight in the loss comes from the whole batch
+(``losses.token_weights``), so the cut changes memory, not the gradient. The output layer runs on
+the sampled positions only: the prompt and the environment's messages are context, not targets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from palaestra.train.losses import LOSSES, LossConfig, LossInputs, compute_loss, token_weights
+from palaestra.train.rollout_tokens import TokenSequence
+
+
+class Diverged(RuntimeError):
+    """The loss or the gradient is not finite: the update was not applied."""
+
+
+@dataclass
+class UpdateStats:
+    """What one update did, summed over its passes' last pass (per token where it says so)."""
+
+    loss: float
+    grad_norm: float
+    trained_tokens: int
+    clipped_fraction: float  # tokens whose ratio was clipped, capped or masked
+    ratio_mean: float  # the policy/sampler ratio of the trained tokens: 1 when they agree
+    entropy: float  # mean entropy of the policy at the trained tokens (nats)
+    kl: float | None
+
+
+def micro_batch_indices(sequences: Sequence[TokenSequence], max_tokens: int) -> list[list[int]]:
+    """Sequence indices grouped so that rows × longest row ≤ ``max_tokens`` (a longer one goes alone)."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].input_ids), reverse=True)
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and len(sequences[groups[-1][0]].input_ids) * (len(groups[-1]) + 1) <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def sampled_logprobs(
+    backbone: Any, head: Any, inputs: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logprobs of the tokens at ``mask`` (positions of ``inputs[:, 1:]``), and the full
+    log-distributions there (for the entropy); the output layer runs on those positions only."""
+    hidden = backbone(input_ids=inputs, attention_mask=attention, use_cache=False).last_hidden_state
+    logp_all = head(hidden[:, :-1][mask]).float().log_softmax(-1)
+    return logp_all.gather(1, inputs[:, 1:][mask][:, None]).squeeze(1), logp_all
+
+
+def _padded(rows: Sequence[Sequence[Any]], fill: Any, dtype: torch.dtype) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)
+
+
+def policy_update(
+    model: Any,
+    head: Any,
+    backbone: Any,
+    optimizer: Any,
+    scheduler: Any,
+    sequences: Sequence[TokenSequence],
+    loss_config: LossConfig,
+    *,
+    passes: int,
+    micro_batch_tokens: int,
+    max_grad_norm: float,
+    device: torch.device,
+    bf16: bool,
+    pad_id: int,
+    reference: tuple[Any, Any] | None = None,
+) -> UpdateStats:
+    """``passes`` optimizer steps on ``sequences``; ``Diverged`` before touching the weights if not finite.
+
+    ``reference`` is the (backbone, output layer) of the frozen starting model, for the KL penalty.
+    """
+    _, normalizer = LOSSES[loss_config.name]
+    targets_mask = _padded([s.mask[1:] for s in sequences], False, torch.bool)  # position t predicts t + 1
+    weights_all = token_weights(targets_mask, normalizer, max_tokens=loss_config.max_tokens)
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = micro_batch_indices(sequences, micro_batch_tokens)
+    stats = UpdateStats(0.0, 0.0, int(targets_mask.sum()), 0.0, 0.0, 0.0, None)
+    for _ in range(passes):
+        sums = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "entropy": 0.0, "kl": 0.0}
+        for group in groups:
+            rows = [sequences[i] for i in group]
+            width = max(len(s.input_ids) for s in rows) - 1
+            inputs = _padded([s.input_ids for s in rows], pad_id, torch.long).to(device)
+            attention = _padded([[1] * len(s.input_ids) for s in rows], 0, torch.long).to(device)
+            mask = targets_mask[group, :width].to(device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                chosen, logp_all = sampled_logprobs(backbone, head, inputs, attention, mask)
+            logprobs = torch.zeros(mask.shape, device=device).masked_scatter(mask, chosen)
+            ref = None
+            if reference is not None:
+                with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    ref_chosen, _ = sampled_logprobs(*reference, inputs, attention, mask)
+                ref = torch.zeros(mask.shape, device=device).masked_scatter(mask, ref_chosen)
+            sampler = _padded([s.sampler_logprobs[1:] for s in rows], 0.0, torch.float32)[:, :width].to(
+                device
+            )
+            advantages = torch.tensor([s.advantage for s in rows], dtype=torch.float32, device=device)
+            out = compute_loss(
+                LossInputs(logprobs, sampler, advantages, mask, weights_all[group, :width].to(device), ref),
+                loss_config,
+            )  # fmt: skip
+            if not math.isfinite(out.loss.item()):
+                optimizer.zero_grad(set_to_none=True)
+                raise Diverged(f"the loss is {out.loss.item()}")
+            out.loss.backward()
+            with torch.no_grad():
+                sums["entropy"] += float(-(logp_all.exp() * logp_all).sum(-1).sum())
+            sums["loss"] += out.loss.item()
+            for key in ("clipped", "ratio", "kl"):
+                if key in out.metrics:
+                    sums[key] += float(out.metrics[key])
+        clip = max_grad_norm if max_grad_norm > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        if not math.isfinite(grad_norm):
+            optimizer.zero_grad(set_to_none=True)
+            raise Diverged(f"the gradient norm is {grad_norm}")
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        n = max(stats.trained_tokens, 1)
+        stats = UpdateStats(
+            loss=sums["loss"],
+            grad_norm=grad_norm,
+            trained_tokens=stats.trained_tokens,
+            clipped_fraction=sums["clipped"] / n,
+            ratio_mean=sums["ratio"] / n,
+            entropy=sums["entropy"] / n,
+            kl=sums["kl"] / n if loss_config.kl_beta > 0 else None,
+        )
+    return stats

@@ -1,0 +1,398 @@
+"""The RL trainer: roll out groups of episodes, score them, push the policy toward the better ones.
+
+One step, top to bottom (``_train``):
+
+1. take the next ``batch_size / rollouts_per_example`` examples in dataset order, so the
+   stratified difficulty an environment builds into consecutive examples holds in every batch;
+2. roll out ``rollouts_per_example`` episodes of each with the current policy through the engine
+   ``palaestra eval`` uses, scored by the environment's own rubric;
+3. advantages: reward − the group's mean; groups whose rewards are all equal carry no signal and
+   are skipped (and counted);
+4. update on exactly the token ids the sampler produced, with the loss's ratios taken against
+   the sampler's logprobs; the sampler shares the trained module, so the next rollouts come from
+   the new weights with nothing copied (``Sampler.updating``);
+5. log, save a sample of the batch's rollouts as a run ``palaestra report`` opens, checkpoint,
+   and play the held-out sets every ``eval.every`` steps.
+
+Departures from GRPO as published (DeepSeekMath), on purpose: advantages are not divided by the
+group's std unless asked (Dr. GRPO); the default loss is CISPO, which never zeroes a token's
+gradient; ratios are taken against the sampler, not a recomputed old policy; there is no KL
+penalty unless ``loss.kl_beta`` > 0 (then the starting model is kept as the reference).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import math
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from palaestra.clients.base import ModelClient
+from palaestra.engine import stream_groups
+from palaestra.envs.base import Environment
+from palaestra.eval.run import evaluate
+from palaestra.eval.store import RunMetadata, RunStore
+from palaestra.registry import load_environment
+from palaestra.train import checkpoint as ckpt
+from palaestra.train.advantages import group_advantages
+from palaestra.train.config import ConfigError, load_config, to_toml
+from palaestra.train.curves import write_curves
+from palaestra.train.losses import LossConfig
+from palaestra.train.metrics import MetricsLog, TrainProgress
+from palaestra.train.model import (
+    ADAPTER_DIR,
+    add_lora,
+    backbone_and_head,
+    load_adapter,
+    load_model,
+    parameter_counts,
+)
+from palaestra.train.policy_update import Diverged, policy_update
+from palaestra.train.rl_config import RLConfig
+from palaestra.train.rollout_tokens import batch_sequences
+from palaestra.train.sft_config import ModelConfig
+from palaestra.types import Example, Rollout, RunSpec, Sampling, derive_seed
+
+CONFIG_FILE = "config.toml"
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (a NaN loss, say); what was saved before stays."""
+
+
+class Sampler(Protocol):
+    """Where rollouts are sampled: ``client`` answers the engine; weights change inside ``updating()``.
+
+    A remote sampler (vLLM on a GPU) would push the new weights at the end of ``updating()``.
+    """
+
+    @property
+    def client(self) -> ModelClient: ...
+
+    def updating(self) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+
+class LocalSampler:
+    """The trained module itself, sampled in this process by a ``LocalClient``: no weights copied."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int) -> None:
+        from palaestra.clients.local import LocalClient
+
+        self.model = model
+        self.client = LocalClient.from_model(model, tokenizer, name="policy", max_batch_size=max_batch_size)
+
+    @contextlib.asynccontextmanager
+    async def updating(self) -> AsyncIterator[None]:
+        async with self.client.paused():  # no generation runs while the weights change
+            self.model.train()
+            try:
+                yield
+            finally:
+                self.model.eval()
+
+
+def train_rl(config: RLConfig, *, resume: str | Path | None = None, progress: bool | None = None) -> Path:
+    """Train as ``config`` says (or continue the run in ``resume``); returns the run folder."""
+    from palaestra.runner import run_async
+
+    return run_async(_train(config, Path(resume) if resume is not None else None, progress))
+
+
+async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -> Path:
+    import torch
+
+    # -- check the input and load everything, before any work --------------------------------------
+    run_dir = resume or Path(config.output.dir)
+    checkpoint, state = _checkpoint_to_resume(run_dir, resume, config)
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    device = torch.device("cuda" if config.train.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if config.train.device == "auto" else config.train.device)  # fmt: skip
+    bf16 = config.train.mixed_precision == "bf16" or (
+        config.train.mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    )
+    torch.manual_seed(config.train.seed)
+    env = _load_env(config.env.id, config.env.args, "env.args")
+    eval_envs = [(s.name, _load_env(config.env.id, {**config.env.args, **s.args}, f"eval.sets {s.name}"))
+                 for s in config.eval.sets]  # fmt: skip
+    model_config = config.model
+    if checkpoint is not None and not config.lora.enabled:  # full fine-tuning resumes from the saved weights
+        model_config = ModelConfig(path=str(checkpoint), attn_implementation=config.model.attn_implementation)
+    model, tokenizer = load_model(model_config, lambda: _texts(env), device=device)
+    _check_template(tokenizer, env)
+    reference = None
+    if config.loss.kl_beta > 0:
+        reference = backbone_and_head(copy.deepcopy(model).eval().requires_grad_(False))
+    if config.lora.enabled:
+        model = load_adapter(model, checkpoint / ADAPTER_DIR) if checkpoint else add_lora(model, config.lora)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sampler = LocalSampler(model, tokenizer, max_batch_size=config.train.max_concurrent)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_FILE).write_text(to_toml(config))
+    trainable, total = parameter_counts(model)
+    say = print if progress is not False else (lambda *_: None)
+    groups_per_step = config.train.batch_size // config.train.rollouts_per_example
+    say(f"env: {config.env.id}, {len(env.examples)} examples, {groups_per_step} groups of "
+        f"{config.train.rollouts_per_example} per step\nmodel: {config.model.path or 'tiny'}, "
+        f"{total / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable; {device.type}\n"
+        f"run: {run_dir}, {config.train.steps} steps, loss {config.loss.name}")  # fmt: skip
+
+    # -- optimizer, learning-rate schedule, state of a resumed run --------------------------------
+    opt = config.optim
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+    )
+    updates = config.train.steps * config.train.update_passes
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: lr_factor(k, opt, updates))
+    start = 0
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        ckpt.restore_rng(state)
+        start = state["step"]
+    backbone, head = backbone_and_head(model)
+    loss_config = LossConfig(name=config.loss.name, eps_low=config.loss.eps_low, eps_high=config.loss.eps_high,
+                             mask_low=config.loss.mask_low, mask_high=config.loss.mask_high,
+                             kl_beta=config.loss.kl_beta, max_tokens=config.sampling.max_tokens)  # fmt: skip
+    sampling = Sampling(temperature=config.sampling.temperature, top_p=config.sampling.top_p,
+                        max_tokens=config.sampling.max_tokens, logprobs=True)  # fmt: skip
+    log = MetricsLog(run_dir, after_step=start)
+    show = RLProgress(
+        config.train.steps, done=start, log_every=config.output.log_every, plain=None if progress else True
+    )
+    last_saved = checkpoint
+    model.eval()
+    try:
+        with show if progress is not False else contextlib.nullcontext():
+            if start == 0 and eval_envs:  # where the policy starts from
+                log.write({"step": 0, **await _evaluate(eval_envs, sampler, config, run_dir, 0)})
+
+            # -- the loop ---------------------------------------------------------------------------
+            for step in range(start, config.train.steps):
+                t0 = time.perf_counter()
+                examples = step_examples(env.examples, step, groups_per_step)
+                spec = RunSpec(rollouts_per_example=config.train.rollouts_per_example,
+                               max_concurrent=config.train.max_concurrent, sampling=sampling,
+                               seed=derive_seed("palaestra/rl", config.train.seed, step))  # fmt: skip
+                rollouts = await collect(env, sampler.client, examples, spec)
+                t_sampled = time.perf_counter()
+                advantages = group_advantages(rollouts, scale=config.loss.advantage_scale)
+                learn = [(r, a) for r, a in zip(advantages.rollouts, advantages.values, strict=True)
+                         if r.example_id not in advantages.flat]  # fmt: skip
+                sequences = batch_sequences([r for r, _ in learn], [a for _, a in learn])
+                stats = None
+                if sequences:
+                    async with sampler.updating():
+                        try:
+                            stats = await asyncio.to_thread(
+                                policy_update, model, head, backbone, optimizer, scheduler, sequences,
+                                loss_config, passes=config.train.update_passes,
+                                micro_batch_tokens=config.train.micro_batch_tokens,
+                                max_grad_norm=opt.max_grad_norm, device=device, bf16=bf16, pad_id=pad_id,
+                                reference=reference,
+                            )  # fmt: skip
+                        except Diverged as exc:
+                            kept = (
+                                f"the last good checkpoint is {last_saved}"
+                                if last_saved
+                                else "no checkpoint yet"
+                            )
+                            raise TrainingError(
+                                f"step {step + 1}: {exc}; the weights were not updated; {kept}"
+                            ) from None
+                t_trained = time.perf_counter()
+                record = step_record(step + 1, rollouts, advantages, stats, float(scheduler.get_last_lr()[0]),
+                                     t_sampled - t0, t_trained - t_sampled)  # fmt: skip
+                done = step + 1 == config.train.steps
+                if eval_envs and (done or (config.eval.every and (step + 1) % config.eval.every == 0)):
+                    record.update(await _evaluate(eval_envs, sampler, config, run_dir, step + 1))
+                log.write(record)
+                show.update(record)
+                every = config.output.sample_every
+                if every and ((step + 1) % every == 0 or done):
+                    keep = config.output.sample_groups * config.train.rollouts_per_example
+                    _save_sample(run_dir / "samples" / f"step-{step + 1:06d}", rollouts[:keep], config, spec)
+                if done or (config.output.save_every and (step + 1) % config.output.save_every == 0):
+                    last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
+                                                      optimizer=optimizer, scheduler=scheduler, extra={})  # fmt: skip
+                    write_curves([run_dir], run_dir / "curves.html")
+                    show.note(f"checkpoint: {last_saved}")
+    finally:
+        await sampler.client.aclose()
+    final = ckpt.link_final(run_dir, last_saved) if last_saved is not None else run_dir
+    say(f"done: {final} (curves: {run_dir / 'curves.html'})")
+    return run_dir
+
+
+async def collect(
+    env: Environment, client: ModelClient, examples: list[Example], spec: RunSpec
+) -> list[Rollout]:
+    """Every scored rollout of ``examples``: the engine's stream, as ``palaestra eval`` runs it."""
+    rollouts: list[Rollout] = []
+    async with contextlib.aclosing(stream_groups(env, client, examples, spec)) as groups:
+        async for group in groups:
+            rollouts.extend(group)
+    return sorted(rollouts, key=lambda r: (r.example_id, r.rollout_index))
+
+
+def step_examples(examples: Sequence[Example], step: int, count: int) -> list[Example]:
+    """The ``count`` consecutive examples of ``step``, wrapping around the dataset."""
+    n = len(examples)
+    return [examples[(step * count + i) % n] for i in range(count)]
+
+
+def lr_factor(update: int, optim: Any, total: int) -> float:
+    """The learning rate of optimizer update ``update`` (from 0) as a fraction of ``optim.lr``."""
+    if update < optim.warmup_steps:
+        return (update + 1) / optim.warmup_steps
+    if optim.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (update - optim.warmup_steps) / max(1, total - optim.warmup_steps))
+    return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def step_record(
+    step: int,
+    rollouts: list[Rollout],
+    advantages: Any,
+    stats: Any,
+    lr: float,
+    sampling_s: float,
+    training_s: float,
+) -> dict[str, Any]:
+    """What one step logs: rewards and metrics of its rollouts, the update's figures, the time split."""
+    scored = [r for r in rollouts if r.reward is not None]
+    turns = [t for r in rollouts for t in r.turns]
+    sampled = sum(len(t.token_ids or ()) for t in turns)
+    record: dict[str, Any] = {
+        "step": step,
+        "reward": _mean([r.reward for r in scored if r.reward is not None]),
+        "errors": sum(r.error is not None for r in rollouts),
+        "zero_groups": advantages.zero_groups,
+        "groups": advantages.groups,
+        "completion_tokens": sampled / max(len(turns), 1),
+        "truncated": sum(t.finish_reason == "length" for t in turns) / max(len(turns), 1),
+        "lr": lr,
+        "seconds_sampling": sampling_s,
+        "seconds_training": training_s,
+        "seconds": sampling_s + training_s,
+        "sampled_tokens_per_s": sampled / max(sampling_s, 1e-9),
+    }
+    for name in sorted({m for r in scored for m in r.metrics}):
+        record[f"metrics/{name}"] = _mean([r.metrics[name] for r in scored if name in r.metrics])
+    if stats is not None:
+        record.update(loss=stats.loss, grad_norm=stats.grad_norm, trained_tokens=stats.trained_tokens,
+                      clipped_fraction=stats.clipped_fraction, ratio_mean=stats.ratio_mean,
+                      entropy=stats.entropy, trained_tokens_per_s=stats.trained_tokens / max(training_s, 1e-9))  # fmt: skip
+        if stats.kl is not None:
+            record["kl"] = stats.kl
+    return record
+
+
+class RLProgress(TrainProgress):
+    label = "rl"
+
+    def stats(self, record: dict[str, Any]) -> str:
+        reward = record.get("reward")
+        loss = record.get("loss")
+        held_out = record.get("eval/reward")
+        return (
+            f"reward {reward if reward is None else f'{reward:.3f}'}  "
+            + (f"held-out {held_out:.3f}  " if held_out is not None else "")
+            + (f"loss {loss:.4f}  entropy {record['entropy']:.3f}  " if loss is not None else "no signal  ")
+            + f"{record['seconds_sampling']:.0f}s sampling, {record['seconds_training']:.0f}s training"
+        )
+
+
+async def _evaluate(
+    eval_envs: list[tuple[str, Environment]], sampler: Sampler, config: RLConfig, run_dir: Path, step: int
+) -> dict[str, float | None]:
+    """Each held-out set, one rollout per example, saved as a run; its means as ``eval/SET/...``."""
+    out: dict[str, float | None] = {}
+    sampling = Sampling(temperature=config.eval.temperature, max_tokens=config.sampling.max_tokens)
+    rewards = []
+    for name, env in eval_envs:
+        spec = RunSpec(num_examples=min(config.eval.num_examples, len(env.examples)),
+                       max_concurrent=config.train.max_concurrent, sampling=sampling)  # fmt: skip
+        run = await evaluate(env, sampler.client, spec, output_dir=run_dir / "evals" / f"step-{step:06d}",
+                             env_id=f"{config.env.id}-{name}")  # fmt: skip
+        summary = run.summary
+        out[f"eval/{name}/reward"] = summary["reward"]["mean"]
+        rewards.append(summary["reward"]["mean"])
+        for metric, stats in summary["metrics"].items():
+            out[f"eval/{name}/{metric}"] = stats["mean"]
+    known = [r for r in rewards if r is not None]
+    out["eval/reward"] = _mean(known) if known else None
+    return out
+
+
+def _save_sample(path: Path, rollouts: list[Rollout], config: RLConfig, spec: RunSpec) -> None:
+    """The rollouts as a saved run (``palaestra report PATH`` opens it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    store = RunStore(path)
+    store.rewrite(rollouts)
+    from palaestra.eval.summary import summarize
+
+    metadata = RunMetadata(env_id=config.env.id, model="policy", spec=spec, env_args=config.env.args,
+                           run_id=path.name, status="complete",
+                           counts={"expected": len(rollouts), "saved": len(rollouts),
+                                   "errors": sum(r.error is not None for r in rollouts)},
+                           summary=summarize(rollouts, rollouts_per_example=spec.rollouts_per_example))  # fmt: skip
+    store.write_metadata(metadata)
+
+
+def _checkpoint_to_resume(run_dir: Path, resume: Path | None, config: RLConfig) -> tuple[Path | None, Any]:
+    if resume is None:
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise ConfigError(f"output.dir {run_dir} is not empty: resume it with --resume, or pick another")
+        return None, None
+    checkpoint = ckpt.latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise ConfigError(f"--resume {run_dir}: no complete checkpoint to resume from")
+    state = ckpt.load_state(checkpoint)
+    if state["step"] >= config.train.steps:
+        raise ConfigError(f"--resume: the run is at step {state['step']} already; raise train.steps to go on")
+    return checkpoint, state
+
+
+def _load_env(env_id: str, args: dict[str, Any], where: str) -> Environment:
+    from palaestra.registry import EnvironmentArgsError, EnvironmentNotFound
+
+    try:
+        return load_environment(env_id, **args)
+    except (EnvironmentNotFound, EnvironmentArgsError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _texts(env: Environment) -> list[str]:
+    """Text to train a tiny model's tokenizer on: the environment's own prompts."""
+    return [str(m.get("content") or "") for e in env.examples for m in e.prompt]
+
+
+def _check_template(tokenizer: Any, env: Environment) -> None:
+    """The model's chat template must render the environment's messages (found here, not mid-run)."""
+    from palaestra.chat_template import prompt_ids
+
+    try:
+        prompt_ids(tokenizer, env.examples[0].prompt, tools=env.tools)
+    except Exception as exc:  # noqa: BLE001 - jinja errors of any kind: one clear line
+        raise ConfigError(
+            f"the model's chat template cannot render {env.examples[0].prompt[:1]}...: {exc}"
+        ) from None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def resume_config(run_dir: str | Path, overrides: dict[str, str] | None = None) -> RLConfig:
+    """The config a run was started with (``RUN_DIR/config.toml``), with ``overrides`` on top."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it an RL run folder?")
+    return load_config(RLConfig, path, overrides)

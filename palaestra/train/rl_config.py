@@ -1,0 +1,138 @@
+"""The RL trainer's config: the SFT config's model, LoRA, optimizer and output sections, plus the
+environment, the sampling, the loss, the batch and the held-out evaluations.
+
+docs/training.md is the reference of every key; ``examples/tictactoe/*rl*.toml`` are worked configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from palaestra.train.losses import LOSSES
+from palaestra.train.sft_config import LoraConfig, ModelConfig, OptimConfig, OutputConfig
+
+LossName = Literal["grpo", "dr_grpo", "dapo", "cispo", "masked_is"]
+assert set(LossName.__args__) == set(LOSSES)  # type: ignore[attr-defined]  # a Literal's values
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """The environment to train on: a name ``palaestra envs`` lists, and its ``load_environment`` arguments."""
+
+    id: str = "tictactoe"
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the policy samples: exploration is the temperature's job (the talk: 1.0, then 1.25; 1.4 collapsed)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 128  # per reply
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.temperature < 100 or not 0 < self.top_p <= 1 or self.max_tokens < 1:
+            raise ValueError("need 0 <= temperature, 0 < top_p <= 1 and max_tokens >= 1")
+
+
+@dataclass(frozen=True)
+class LossConfigSection:
+    """The policy-gradient loss (see palaestra/train/losses.py for each formula and its paper)."""
+
+    name: LossName = "cispo"
+    eps_low: float = 0.2  # grpo, dr_grpo, dapo: the lower clip of the ratio
+    eps_high: float = 0.28  # dapo: the upper clip; cispo: the importance weight's cap is 1 + eps_high
+    mask_low: float = 0.125  # masked_is: tokens whose ratio to the sampler leaves [mask_low, mask_high]
+    mask_high: float = 8.0
+    kl_beta: float = 0.0  # KL to the starting model; 0 loads no reference model
+    advantage_scale: Literal["none", "group_std", "batch_std"] = "none"
+
+    def __post_init__(self) -> None:
+        if (
+            self.eps_low < 0
+            or self.eps_high < 0
+            or not 0 < self.mask_low < 1 < self.mask_high
+            or self.kl_beta < 0
+        ):
+            raise ValueError("need eps_low, eps_high, kl_beta >= 0 and 0 < mask_low < 1 < mask_high")
+
+
+@dataclass(frozen=True)
+class RLTrainConfig:
+    """How long and in what pieces. ``batch_size`` counts rollouts: examples × ``rollouts_per_example``."""
+
+    steps: int = 100
+    batch_size: int = 64
+    rollouts_per_example: int = 8
+    update_passes: int = 1  # optimizer steps on each batch; ratios stay taken against the sampler
+    micro_batch_tokens: int = 8192  # tokens (padding included) per forward/backward pass
+    max_concurrent: int = 64  # model requests in flight while sampling
+    seed: int = 0
+    device: str = "auto"
+    mixed_precision: Literal["auto", "bf16", "no"] = "auto"
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "rollouts_per_example", "update_passes", "micro_batch_tokens",
+                     "max_concurrent"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.batch_size % self.rollouts_per_example:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of rollouts_per_example "
+                f"({self.rollouts_per_example}): a batch is whole groups"
+            )
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One held-out evaluation: a name for the log and the environment arguments that differ."""
+
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out games every ``every`` steps (and at the start and the end): one rollout per example."""
+
+    every: int = 0  # 0: only before the first step and after the last
+    num_examples: int = 100
+    temperature: float = 1.0
+    seed: int = 1000  # the held-out examples come from this dataset seed, not the training one
+    sets: tuple[EvalSet, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.num_examples < 1 or self.temperature < 0:
+            raise ValueError("need every >= 0, num_examples >= 1 and temperature >= 0")
+
+
+@dataclass(frozen=True)
+class RLOutputConfig(OutputConfig):
+    """The SFT output section, plus rollouts saved as runs ``palaestra report`` opens."""
+
+    dir: str = "runs/rl"
+    sample_every: int = 10  # steps between saved samples of the batch's rollouts; 0: never
+    sample_groups: int = 8  # groups per saved sample
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sample_every < 0 or self.sample_groups < 1:
+            raise ValueError("need sample_every >= 0 and sample_groups >= 1")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """Reinforcement learning on an environment's rewards, from a model (usually an SFT checkpoint)."""
+
+    model: ModelConfig
+    env: EnvConfig = field(default_factory=EnvConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    loss: LossConfigSection = field(default_factory=LossConfigSection)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    train: RLTrainConfig = field(default_factory=RLTrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output: RLOutputConfig = field(default_factory=RLOutputConfig)
