@@ -326,3 +326,27 @@ def test_render_rollout_truncates_long_content() -> None:
     assert "… (54 more chars)" in out
     assert "TAIL" not in out
     assert out.count("9") == 10  # exactly the first 100 characters are kept
+
+
+@pytest.mark.parametrize("value", [-0.1, 0.0, 0.5, 1.0])
+def test_a_run_whose_rewards_are_all_equal_still_shows_its_histogram_and_a_point_interval(
+    value: float,
+) -> None:
+    s = summarize(group([value] * 10), rollouts_per_example=10)
+    assert sum(s["histogram"]["counts"]) == 10 and s["reward"]["ci95"] == [value, value]
+    console, buf = plain_console()
+    render_summary(console, s)
+    bars = [line for line in buf.getvalue().splitlines() if "█" in line]
+    assert len(bars) == 1 and bars[0].rstrip().endswith(" 10")
+
+
+def test_long_metric_names_are_wrapped_not_cut() -> None:
+    name = "a_reward_function_with_a_very_long_name_indeed_x"
+    s = summarize([make(0, 0, 1.0, metrics={name: 1.0})], rollouts_per_example=1)
+    console, buf = plain_console()
+    render_summary(console, s)
+    out = buf.getvalue()
+    column = "".join(
+        line[1:36].strip() for line in out.splitlines() if line[1:36].strip().startswith(("a_", "g_"))
+    )
+    assert name in column and "…" not in out  # every character shown, over two lines
