@@ -21,6 +21,12 @@ Every key of the config can be overridden: --optim.lr 1e-4, --train.steps=40, --
 """
 
 
+RL_EPILOG = """\
+Every key of the config can be overridden: --loss.name dapo, --train.batch_size 64,
+--sampling.temperature 1.25, --env.args '{opponent = "random"}'. See docs/training.md.
+"""
+
+
 class OverridesParser(OneLineParser):
     """An argparse parser that also takes ``--section.key VALUE`` pairs, kept in ``args.overrides``."""
 
@@ -44,7 +50,7 @@ class OverridesParser(OneLineParser):
 
 def add_train_parser(subparsers: Any) -> None:
     """Register ``palaestra train`` and its subcommands on the CLI's subparsers."""
-    train = subparsers.add_parser("train", help="train a model: sft now; curves of training runs")
+    train = subparsers.add_parser("train", help="train a model: sft, rl; curves of training runs")
     commands = train.add_subparsers(required=True, metavar="COMMAND", parser_class=OverridesParser)
 
     sft = commands.add_parser(
@@ -57,6 +63,17 @@ def add_train_parser(subparsers: Any) -> None:
     sft.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR", help="continue a run")
     sft.add_argument("--quiet", action="store_true", help="plain progress lines instead of a progress bar")
     sft.set_defaults(func=cmd_sft)
+
+    rl = commands.add_parser(
+        "rl",
+        help="reinforcement learning on an environment's rewards (GRPO family, CISPO)",
+        usage="palaestra train rl [-h] [CONFIG | --resume RUN_DIR] [--quiet] [--section.key VALUE ...]",
+        epilog=RL_EPILOG,
+    )
+    rl.add_argument("config", nargs="?", type=Path, help="a TOML config (see examples/tictactoe/*rl*.toml)")
+    rl.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR", help="continue a run")
+    rl.add_argument("--quiet", action="store_true", help="plain progress lines instead of a progress bar")
+    rl.set_defaults(func=cmd_rl)
 
     curves = commands.add_parser("curves", help="write the loss curves of training runs as one HTML page")
     curves.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
@@ -79,11 +96,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
         raise UsageError("give a CONFIG file (or --resume RUN_DIR)")
     else:
         config = load_config(SFTConfig, args.config, overrides)
-    try:
-        import torch  # noqa: F401  # the train extra's packages, checked before any work
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        raise UsageError(f"training needs the train extra: pip install 'palaestra[train]' ({exc})") from None
+    _check_train_extra()
     from palaestra.train.sft import TrainingError, train_sft
 
     try:
@@ -96,6 +109,45 @@ def cmd_sft(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt(f"interrupted; continue from the last checkpoint with: "
                                 f"palaestra train sft --resume {run_dir}") from None  # fmt: skip
     return 0
+
+
+def cmd_rl(args: argparse.Namespace) -> int:
+    from palaestra.train.config import load_config, parse_overrides
+    from palaestra.train.rl_config import RLConfig
+
+    overrides = parse_overrides(args.overrides)
+    if args.resume is not None:
+        if args.config is not None:
+            raise UsageError("give a CONFIG or --resume RUN_DIR, not both (a resumed run keeps its config)")
+        from palaestra.train.rl import resume_config
+
+        config = resume_config(args.resume, overrides)
+    elif args.config is None:
+        raise UsageError("give a CONFIG file (or --resume RUN_DIR)")
+    else:
+        config = load_config(RLConfig, args.config, overrides)
+    _check_train_extra()
+    from palaestra.train.rl import TrainingError, train_rl
+
+    try:
+        train_rl(config, resume=args.resume, progress=None if args.quiet else True)
+    except TrainingError as exc:
+        print(f"palaestra: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        run_dir = args.resume or Path(config.output.dir)
+        raise KeyboardInterrupt(f"interrupted; continue from the last checkpoint with: "
+                                f"palaestra train rl --resume {run_dir}") from None  # fmt: skip
+    return 0
+
+
+def _check_train_extra() -> None:
+    """The train extra's packages, checked before any work."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"training needs the train extra: pip install 'palaestra[train]' ({exc})") from None
 
 
 def cmd_curves(args: argparse.Namespace) -> int:
