@@ -272,8 +272,8 @@ class Engine:
         client = self.client
         for row in reversed(range(batch.rows)):  # callers gone: their rows stop costing compute now
             if batch.requests[row].cancelled:
-                client.stats.cancelled += 1
                 self._retire(batch, row)
+                client.stats.cancelled += 1
         if not batch.rows:
             return
         mask, positions = batch.step_inputs()

@@ -82,7 +82,8 @@ class PrefixCache:
         """Keep the states ``kv`` of ``ids`` (and ``logits`` by prefix length) as the newest entry.
 
         Entries that are prefixes of ``ids`` are dropped and their logits carried over; if
-        ``ids`` is itself a prefix of an entry, that entry takes the logits instead.
+        ``ids`` is itself a prefix of an entry, that entry takes the logits instead. Room is made
+        before anything is added, so the cache never holds more than ``budget`` bytes.
         """
         new = Entry(np.asarray(ids, dtype=np.int64), kv, dict(logits or {}))
         if not len(new.ids) or new.nbytes > self.budget:
@@ -95,15 +96,16 @@ class PrefixCache:
                 new.logits = {**entry.logits, **new.logits}
                 self._drop(key)
             else:  # an older entry already holds every state of the new one
-                before = entry.nbytes
-                entry.logits.update(new.logits)
-                self.nbytes += entry.nbytes - before
+                extra = {k: v for k, v in new.logits.items() if k not in entry.logits}
+                size = sum(t.numel() * t.element_size() for t in extra.values())
                 self._entries.move_to_end(key)
-                self._evict()
+                if self._make_room(size, keep=key):
+                    entry.logits.update(extra)
+                    self.nbytes += size
                 return
-        self._entries[id(new)] = new
-        self.nbytes += new.nbytes
-        self._evict()
+        if self._make_room(new.nbytes):
+            self._entries[id(new)] = new
+            self.nbytes += new.nbytes
 
     def clear(self) -> None:
         """Drop every entry (the model's weights changed: every state is stale)."""
@@ -113,7 +115,12 @@ class PrefixCache:
     def _drop(self, key: int) -> None:
         self.nbytes -= self._entries.pop(key).nbytes
 
-    def _evict(self) -> None:
-        while self.nbytes > self.budget and self._entries:
-            self._drop(next(iter(self._entries)))
-            self.evictions += 1
+    def _make_room(self, size: int, keep: int | None = None) -> bool:
+        """Evict least recently used entries (never ``keep``) until ``size`` more bytes fit."""
+        for key in list(self._entries):
+            if self.nbytes + size <= self.budget:
+                break
+            if key != keep:
+                self._drop(key)
+                self.evictions += 1
+        return self.nbytes + size <= self.budget
