@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 import palaestra as pa  # noqa: E402 - after the skips: these tests need torch and transformers
 from palaestra.clients.local import LocalClient  # noqa: E402
 from palaestra.clients.local_prefix import PrefixCache  # noqa: E402
+from palaestra.clients.local_sampling import sample  # noqa: E402
 
 SAMPLING = pa.Sampling(temperature=1.0, max_tokens=10)
 EXACT = 1e-5  # cached vs recomputed states: last-bit differences only
@@ -211,3 +212,20 @@ def test_prefix_cache_matches_longest_prefix_supersedes_and_evicts() -> None:
     assert cache.match([5])[1] == 0 and cache.nbytes <= cache.budget
     cache.clear()
     assert (len(cache), cache.nbytes) == (0, 0)
+
+
+def test_sampling_follows_the_filtered_distribution_row_by_row() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -9.0]] * 3)
+    params = torch.tensor([[1.0, 1.0, 0.0], [0.5, 1.0, 2.0], [1.0, 0.8, 0.0]])  # (temperature, top_p, top_k)
+    probs = [logits[0].softmax(-1), (logits[0, :2] / 0.5).softmax(-1), logits[0, :3].softmax(-1)]
+    probs[2] = probs[2] / probs[2].sum()  # top-p 0.8 keeps 3 tokens (0.55 + 0.20 < 0.8), renormalised
+    counts = torch.zeros(3, 6)
+    for seed in range(6000):
+        generators = [torch.Generator().manual_seed(seed * 3 + i) for i in range(3)]
+        tokens, logprobs = sample(logits, params, generators)
+        counts[torch.arange(3), tokens] += 1
+        for row in range(3):
+            assert logprobs[row].exp() == pytest.approx(probs[row][tokens[row]].item(), abs=1e-5)
+    for row, p in enumerate(probs):
+        assert (counts[row, : len(p)] / 6000).tolist() == pytest.approx(p.tolist(), abs=0.02)
+        assert counts[row, len(p) :].sum() == 0  # filtered tokens are never drawn

@@ -1,7 +1,8 @@
 """Per-row sampling and streamed-text hold-back for LocalClient's generation loop.
 
-``sample`` draws one token per row with the Gumbel-max trick from each row's own
-``torch.Generator``, so a seeded request samples the same noise whatever shares its batch.
+``sample`` draws one token per row with the Gumbel-max trick, the noise coming from each row's
+own ``torch.Generator`` (float64 uniforms: Gumbel tails reach ~36), so a seeded request samples
+the same noise whatever shares its batch.
 ``releasable`` says how much of a reply's text a stream may show yet: never a trailing partial
 UTF-8 character nor a tail that could be the start of a stop string.
 """
@@ -46,8 +47,12 @@ def sample(
         scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
     logprobs = scores.log_softmax(-1)
     noise = torch.zeros_like(logprobs)
-    for i in (~greedy).nonzero().flatten().tolist():
-        noise[i] = -torch.empty_like(noise[i]).exponential_(generator=generators[i]).log()
+    sampled = (~greedy).nonzero().flatten().tolist()
+    if sampled:  # Gumbel(0, 1) = -log(-log(U)); uniform draws are ~10x cheaper than exponential ones
+        uniform = torch.empty((len(sampled), logprobs.shape[-1]), dtype=torch.float64, device=logprobs.device)
+        for row, i in enumerate(sampled):
+            uniform[row].uniform_(generator=generators[i])
+        noise[sampled] = (-(-uniform.log()).log()).to(noise.dtype)
     tokens = (logprobs + noise).argmax(-1)
     return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
 
