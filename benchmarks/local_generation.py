@@ -200,8 +200,11 @@ async def vllm_anchor(model: Any, tokenizer: Any, args: argparse.Namespace, dtyp
         script.write(VLLM)
         script.flush()
         name = str(dtype).removeprefix("torch.")
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4")
+        if args.threads:  # the same number of cores as LocalClient
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"
         out = subprocess.run([args.vllm, script.name, str(smollm2_checkpoint()), name, str(n), str(args.new_tokens),
-                              json.dumps(PROMPTS)], capture_output=True, text=True)  # fmt: skip
+                              json.dumps(PROMPTS)], capture_output=True, text=True, env=env)  # fmt: skip
     if out.returncode:
         print(f"\nvllm-cpu failed (exit {out.returncode}): {out.stderr.strip()[-600:]}", flush=True)
         return

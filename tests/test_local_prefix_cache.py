@@ -229,3 +229,35 @@ def test_sampling_follows_the_filtered_distribution_row_by_row() -> None:
     for row, p in enumerate(probs):
         assert (counts[row, : len(p)] / 6000).tolist() == pytest.approx(p.tolist(), abs=0.02)
         assert counts[row, len(p) :].sum() == 0  # filtered tokens are never drawn
+
+
+def test_the_running_batch_keeps_each_rows_states_through_growth_and_removal() -> None:
+    from palaestra.clients.local_batch import SLACK, RowBatch
+
+    batch = RowBatch(torch.device("cpu"), torch.float32, max_rows=64)
+    rows: dict[int, list[torch.Tensor]] = {}
+
+    def states(n: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        g = torch.Generator().manual_seed(seed)
+        return [(torch.randn(2, n, 4, generator=g), torch.randn(2, n, 4, generator=g)) for _ in range(3)]
+
+    for request, length in enumerate([5, 40, 3, 300, 7, 12, 9, 2, 30, 18]):  # > 8 rows, a long joiner
+        rows[request] = [t for pair in states(length, request) for t in pair]
+        batch.add(request, states(length, request))
+    for _ in range(2 * SLACK + 50):  # past the right slack: the buffers are reallocated while decoding
+        mask, positions = batch.step_inputs()
+        assert mask.shape == (batch.rows, batch.hi - batch.lo + 1) and mask[:, -1].all()
+        assert positions[:, 0].tolist() == mask.sum(-1).sub(1).tolist()
+        for layer in batch.cache.layers:
+            new = torch.full((batch.rows, 2, 1, 4), float(batch.hi))
+            layer.update(new, new)
+        batch.advance()
+    for request in (3, 0, 7):  # the longest row leaves: the used columns shrink
+        batch.remove(batch.requests.index(request))
+    assert batch.hi - batch.lo == 40 + 2 * SLACK + 50
+    for row, request in enumerate(batch.requests):
+        kept = [t for pair in batch.states(row) for t in pair]
+        for before, now in zip(rows[request], kept, strict=True):
+            prompt = before.shape[1]
+            assert torch.equal(now[:, :prompt], before)  # its own states, moved and copied intact
+            assert now[:, prompt:, 0].flatten().unique().numel() == 2 * SLACK + 50  # one column per step

@@ -22,7 +22,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 if TYPE_CHECKING:
     from palaestra.clients.local_prefix import KV
 
-SLACK = 128  # spare columns added on each side when the buffers are reallocated (plus a quarter)
+SLACK = 64  # spare columns on each side when the buffers are reallocated (plus an eighth of those used)
 
 
 class _RowLayer(DynamicLayer):
@@ -118,26 +118,30 @@ class RowBatch:
         self.keys, self.values, self.requests, self.starts, self.cache = [], [], [], [], None
         self.lo = self.hi = 0
 
-    def _allocate(self, kv: KV, *, rows: int, hi: int, columns: int) -> None:
-        def zeros(t: torch.Tensor) -> torch.Tensor:
-            return torch.zeros((rows, t.shape[0], columns, t.shape[-1]), dtype=self.dtype, device=self.device)
+    def _zeros(self, like: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+        """A zeroed buffer [rows, heads, columns, head_dim] for states shaped like ``like`` (..., heads, n, dim)."""
+        shape = (rows, like.shape[-3], columns, like.shape[-1])
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
-        self.keys = [zeros(k) for k, _ in kv]
-        self.values = [zeros(v) for _, v in kv]
+    def _allocate(self, kv: KV, *, rows: int, hi: int, columns: int) -> None:
+        self.keys = [self._zeros(k, rows, columns) for k, _ in kv]
+        self.values = [self._zeros(v, rows, columns) for _, v in kv]
         self.lo = self.hi = hi
         self.cache = Cache(layers=[_RowLayer(self, i) for i in range(len(kv))])
 
     def _reallocate(self, *, rows: int, left: int) -> None:
-        """New buffers with room for ``rows`` rows and ``left`` columns before ``hi``, plus slack."""
-        used = self.hi - self.lo
+        """New buffers with room for ``rows`` rows and ``left`` columns before ``hi``, plus slack.
+
+        One buffer at a time is replaced, so memory peaks at the batch plus one layer's buffer."""
+        used, count = self.hi - self.lo, len(self.requests)
         capacity = self.keys[0].shape[0]
         rows = max(rows, min(2 * capacity, self.max_rows)) if rows > capacity else capacity
-        hi = max(used, left) + SLACK + used // 4
-        old = (self.keys, self.values, self.lo, self.hi)
-        shapes = [(k[0], v[0]) for k, v in zip(self.keys, self.values, strict=True)]  # [heads, cols, dim]
-        self._allocate(shapes, rows=rows, hi=hi, columns=hi + SLACK + used // 4)
-        for new, previous in ((self.keys, old[0]), (self.values, old[1])):
-            for n, p in zip(new, previous, strict=True):
-                n[: len(self.requests), :, hi - used : hi] = p[: len(self.requests), :, old[2] : old[3]]
-        self.starts = [s + hi - old[3] for s in self.starts]
-        self.lo = hi - used
+        slack = SLACK + used // 8
+        hi = max(used, left) + slack
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                buffers[i] = self._zeros(old, rows, hi + slack)
+                buffers[i][:count, :, hi - used : hi] = old[:count, :, self.lo : self.hi]
+                del old
+        self.starts = [s + hi - self.hi for s in self.starts]
+        self.lo, self.hi = hi - used, hi
