@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -71,6 +72,26 @@ def reference_class(commit: str) -> Any:
     sys.modules[module.__name__] = module  # dataclasses look their module up
     exec(compile(source, f"{commit}:palaestra/clients/local.py", "exec"), module.__dict__)
     return module.LocalClient
+
+
+class PeakRSS:
+    """The peak resident memory of this process, in GB, while the block runs (Linux; sampled)."""
+
+    def __enter__(self) -> PeakRSS:
+        self.peak, self._done = 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.1):
+            with open("/proc/self/status") as status:
+                kb = next((int(line.split()[1]) for line in status if line.startswith("VmRSS:")), 0)
+            self.peak = max(self.peak, kb / 1e6)
 
 
 async def client_rate(client: Any, n: int, new_tokens: int, first: int = 0) -> tuple[float, list]:
@@ -146,14 +167,15 @@ async def multi_turn(model: Any, tokenizer: Any, args: argparse.Namespace) -> No
     }
     print(f"\n{args.games} concurrent tic-tac-toe games, random opponent, max_tokens {args.max_tokens}, "
           "temperature 1, seed 0\n\n| client | wall s | model calls | prompt tokens sent | computed | "
-          "unique | computed ÷ unique | completion tokens | tok/s | speed-up | same rollouts | evictions | load |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
+          "unique | computed ÷ unique | completion tokens | tok/s | speed-up | same rollouts | evictions | peak RSS GB | load |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
     first_wall, baseline = None, None
     for name, client in clients.items():
         await client_rate(client, 2, 4)  # warm-up
         before = getattr(client.stats, "prompt_tokens_computed", 0)
         start = time.perf_counter()
-        rollouts = await run_games(env, client, args.games, args.max_tokens)
+        with PeakRSS() as rss:
+            rollouts = await run_games(env, client, args.games, args.max_tokens)
         wall = time.perf_counter() - start
         turns = [t for r in rollouts for t in r.turns]
         sent = sum(len(t.prompt_token_ids) for t in turns)
@@ -172,7 +194,7 @@ async def multi_turn(model: Any, tokenizer: Any, args: argparse.Namespace) -> No
         )
         print(f"| {name} | {wall:.1f} | {len(turns)} | {sent} | {computed} | {unique} | {computed / unique:.2f} "
               f"| {generated} | {generated / wall:.1f} | {first_wall / wall:.2f}× | {same}/{len(rollouts)} "
-              f"| {getattr(client.stats, 'cache_evictions', '')} | {uptime()} |", flush=True)  # fmt: skip
+              f"| {getattr(client.stats, 'cache_evictions', '')} | {rss.peak:.1f} | {uptime()} |", flush=True)  # fmt: skip
 
 
 VLLM = """

@@ -261,3 +261,10 @@ def test_the_running_batch_keeps_each_rows_states_through_growth_and_removal() -
             prompt = before.shape[1]
             assert torch.equal(now[:, :prompt], before)  # its own states, moved and copied intact
             assert now[:, prompt:, 0].flatten().unique().numel() == 2 * SLACK + 50  # one column per step
+
+
+def test_models_with_other_than_attention_layers_are_refused(model: tuple) -> None:
+    hf_model, tokenizer = model
+    hf_model.config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(ValueError, match=r"attention-only.*linear_attention"):
+        LocalClient.from_model(hf_model, tokenizer)

@@ -33,6 +33,7 @@ from palaestra.clients.local_sampling import releasable, sample
 from palaestra.types import ChatChunk, Messages, ModelResponse, Usage
 
 SEED_MASK = 0xFFFF_FFFF_FFFF_FFFF
+ATTENTION_LAYERS = {"full_attention", "sliding_attention"}
 
 
 @dataclass(eq=False)
@@ -96,6 +97,11 @@ class Engine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="palaestra-local")
         self._counted = False
         model = client.hf_model
+        text_config = model.config.get_text_config(decoder=True)
+        kinds = set(getattr(text_config, "layer_types", None) or ["full_attention"])
+        if not kinds <= ATTENTION_LAYERS:  # the running batch keeps key/value states only
+            raise ValueError(f"LocalClient runs attention-only decoders; {client.model} has layers of "
+                             f"types {sorted(kinds - ATTENTION_LAYERS)}")  # fmt: skip
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in client.forward_args else {}
         self._cache_arg = "cache" if "cache" in client.forward_args else "past_key_values"
         self._context = getattr(model.config, "max_position_embeddings", None)
