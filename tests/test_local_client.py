@@ -297,3 +297,15 @@ async def test_device_and_dtype_are_chosen_and_overridable(model_dir: Path) -> N
 def test_importing_the_client_does_not_import_torch() -> None:
     code = "import sys, palaestra.clients.local; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_a_prompt_far_beyond_the_context_is_refused_before_it_is_tokenised(model_dir: Path) -> None:
+    client = LocalClient(model_dir, name="tiny")
+    try:
+        huge = user("cat " * 2_000_000)  # 8 MB of text; the tiny model takes 256 tokens
+        with pytest.raises(ValueError, match="far more than the 256 tokens"):
+            await client.chat(huge, sampling=greedy(2))
+        assert client.stats.requests == 0  # refused on the event loop: never reached the tokenizer
+        assert (await client.chat(user("the cat."), sampling=greedy(2))).finish_reason == "length"
+    finally:
+        await client.aclose()

@@ -7,6 +7,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from palaestra.cli.common import UsageError
 from palaestra.data.filter import Condition, filter_rollouts
@@ -16,7 +17,7 @@ from palaestra.types import Rollout
 PROVENANCE = "palaestra_filter.json"
 
 
-def add_data_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_data_parser(sub: Any) -> None:
     data = sub.add_parser("data", help="turn saved runs into training data")
     commands = data.add_subparsers(required=True, metavar="COMMAND")
     keep = commands.add_parser(
