@@ -117,7 +117,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     )
     torch.manual_seed(config.train.seed)
     env = _load_env(config.env.id, config.env.args, "env.args")
-    eval_envs = [(s.name, _load_env(config.env.id, {**config.env.args, **s.args}, f"eval.sets {s.name}"))
+    eval_envs = [(s.name, _load_env(config.env.id, s.args, f"eval.sets {s.name}"))
                  for s in config.eval.sets]  # fmt: skip
     model_config = config.model
     if checkpoint is not None and not config.lora.enabled:  # full fine-tuning resumes from the saved weights

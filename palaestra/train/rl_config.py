@@ -88,7 +88,8 @@ class RLTrainConfig:
 
 @dataclass(frozen=True)
 class EvalSet:
-    """One held-out evaluation: a name for the log and the environment arguments that differ."""
+    """One held-out evaluation: a name for the log and the environment's arguments (all of them:
+    they are not merged with the training ones; give the held-out games a seed of their own)."""
 
     name: str
     args: dict[str, Any] = field(default_factory=dict)
