@@ -1,7 +1,7 @@
 """SFT speed: palaestra's trainer against TRL's ``SFTTrainer`` on the same data, model and batches.
 
-    /work/venvs/trl/bin/python benchmarks/sft.py --data DATASET_DIR --model tiny --steps 30
-    /work/venvs/trl/bin/python benchmarks/sft.py --data DATASET_DIR --model smollm2 --steps 6
+    ~/venvs/trl/bin/python benchmarks/sft.py --data DATASET_DIR --model tiny --steps 30
+    ~/venvs/trl/bin/python benchmarks/sft.py --data DATASET_DIR --model smollm2 --steps 5 --micro-tokens 1024 --trl-micro 1
 
 Needs a venv with TRL and this palaestra (TRL is a benchmark-only dependency): see
 benchmarks/README.md. Each trainer runs in its own child process, one after the other (``--rounds``

@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--teacher-games", type=int, default=None, help="default: 2000 tiny, 300 smollm2")
     parser.add_argument("--lora", action="store_true", help="LoRA instead of full fine-tuning (smollm2)")
     parser.add_argument("--baseline", action="store_true", help="also evaluate the model before SFT")
-    parser.add_argument("--workdir", type=Path, default=Path("runs/tictactoe"))
+    parser.add_argument("--workdir", type=Path, default=Path("outputs/tictactoe"))
     parser.add_argument("overrides", nargs="*", help="config overrides for the SFT run, e.g. --train.steps=40")
     args = parser.parse_args()
     name = args.model + ("-lora" if args.lora else "")

@@ -130,7 +130,7 @@ class TrainConfig:
 class OutputConfig:
     """Where the run goes, how often it is saved and logged."""
 
-    dir: str = "runs/sft"
+    dir: str = "outputs/sft"
     save_every: int = 0  # steps between checkpoints; 0: only at the end
     log_every: int = 1  # steps between plain progress lines (metrics.jsonl gets every step)
 
