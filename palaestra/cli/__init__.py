@@ -47,6 +47,9 @@ USER_ERRORS = (
 
 
 def main(argv: list[str] | None = None) -> int:
+    # transformers' and the hub's progress bars (loading weights, writing shards) are noise in a
+    # command's output, which prints its own; read when they are first imported
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -22,6 +22,10 @@ from palaestra.train.rollout_tokens import TokenSequence
 class Diverged(RuntimeError):
     """The loss or the gradient is not finite: the update was not applied."""
 
+    def __init__(self, what: str, value: float) -> None:
+        super().__init__(f"the {what} is {value}")
+        self.what, self.value = what, value
+
 
 @dataclass
 class UpdateStats:
@@ -49,12 +53,20 @@ def micro_batch_indices(sequences: Sequence[TokenSequence], max_tokens: int) -> 
 
 
 def sampled_logprobs(
-    backbone: Any, head: Any, inputs: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor
+    backbone: Any,
+    head: Any,
+    inputs: torch.Tensor,
+    attention: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The logprobs of the tokens at ``mask`` (positions of ``inputs[:, 1:]``), and the full
-    log-distributions there (for the entropy); the output layer runs on those positions only."""
+    log-distributions there (for the entropy); the output layer runs on those positions only.
+
+    The logits are divided by the sampling ``temperature``, as the sampler did: the ratio to the
+    sampler's logprobs is then 1 for unchanged weights at any temperature."""
     hidden = backbone(input_ids=inputs, attention_mask=attention, use_cache=False).last_hidden_state
-    logp_all = head(hidden[:, :-1][mask]).float().log_softmax(-1)
+    logp_all = (head(hidden[:, :-1][mask]).float() / temperature).log_softmax(-1)
     return logp_all.gather(1, inputs[:, 1:][mask][:, None]).squeeze(1), logp_all
 
 
@@ -78,10 +90,12 @@ def policy_update(
     device: torch.device,
     bf16: bool,
     pad_id: int,
+    temperature: float = 1.0,
     reference: tuple[Any, Any] | None = None,
 ) -> UpdateStats:
     """``passes`` optimizer steps on ``sequences``; ``Diverged`` before touching the weights if not finite.
 
+    ``temperature`` is the sampler's (logprobs are of the distribution it sampled from);
     ``reference`` is the (backbone, output layer) of the frozen starting model, for the KL penalty.
     """
     _, normalizer = LOSSES[loss_config.name]
@@ -99,12 +113,12 @@ def policy_update(
             attention = _padded([[1] * len(s.input_ids) for s in rows], 0, torch.long).to(device)
             mask = targets_mask[group, :width].to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                chosen, logp_all = sampled_logprobs(backbone, head, inputs, attention, mask)
+                chosen, logp_all = sampled_logprobs(backbone, head, inputs, attention, mask, temperature)
             logprobs = torch.zeros(mask.shape, device=device).masked_scatter(mask, chosen)
             ref = None
             if reference is not None:
                 with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    ref_chosen, _ = sampled_logprobs(*reference, inputs, attention, mask)
+                    ref_chosen, _ = sampled_logprobs(*reference, inputs, attention, mask, temperature)
                 ref = torch.zeros(mask.shape, device=device).masked_scatter(mask, ref_chosen)
             sampler = _padded([s.sampler_logprobs[1:] for s in rows], 0.0, torch.float32)[:, :width].to(
                 device
@@ -116,7 +130,7 @@ def policy_update(
             )  # fmt: skip
             if not math.isfinite(out.loss.item()):
                 optimizer.zero_grad(set_to_none=True)
-                raise Diverged(f"the loss is {out.loss.item()}")
+                raise Diverged("loss", out.loss.item())
             out.loss.backward()
             with torch.no_grad():
                 sums["entropy"] += float(-(logp_all.exp() * logp_all).sum(-1).sum())
@@ -128,7 +142,7 @@ def policy_update(
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
         if not math.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
-            raise Diverged(f"the gradient norm is {grad_norm}")
+            raise Diverged("gradient norm", grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)

@@ -53,15 +53,12 @@ from palaestra.train.model import (
 )
 from palaestra.train.policy_update import Diverged, policy_update
 from palaestra.train.rl_config import RLConfig
-from palaestra.train.rollout_tokens import batch_sequences
+from palaestra.train.rollout_tokens import TokenError, batch_sequences
+from palaestra.train.sft import TrainingError, diverged
 from palaestra.train.sft_config import ModelConfig
 from palaestra.types import Example, Rollout, RunSpec, Sampling, derive_seed
 
 CONFIG_FILE = "config.toml"
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (a NaN loss, say); what was saved before stays."""
 
 
 class Sampler(Protocol):
@@ -74,6 +71,8 @@ class Sampler(Protocol):
     def client(self) -> ModelClient: ...
 
     def updating(self) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+    async def aclose(self) -> None: ...
 
 
 class LocalSampler:
@@ -93,6 +92,9 @@ class LocalSampler:
                 yield
             finally:
                 self.model.eval()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
 
 def train_rl(config: RLConfig, *, resume: str | Path | None = None, progress: bool | None = None) -> Path:
@@ -184,7 +186,10 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                 advantages = group_advantages(rollouts, scale=config.loss.advantage_scale)
                 learn = [(r, a) for r, a in zip(advantages.rollouts, advantages.values, strict=True)
                          if r.example_id not in advantages.flat]  # fmt: skip
-                sequences = batch_sequences([r for r, _ in learn], [a for _, a in learn])
+                try:
+                    sequences = batch_sequences([r for r, _ in learn], [a for _, a in learn])
+                except TokenError as exc:
+                    raise TrainingError(f"step {step + 1}: {exc}") from None
                 stats = None
                 if sequences:
                     async with sampler.updating():
@@ -194,17 +199,10 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                                 loss_config, passes=config.train.update_passes,
                                 micro_batch_tokens=config.train.micro_batch_tokens,
                                 max_grad_norm=opt.max_grad_norm, device=device, bf16=bf16, pad_id=pad_id,
-                                reference=reference,
+                                temperature=config.sampling.temperature or 1.0, reference=reference,
                             )  # fmt: skip
                         except Diverged as exc:
-                            kept = (
-                                f"the last good checkpoint is {last_saved}"
-                                if last_saved
-                                else "no checkpoint yet"
-                            )
-                            raise TrainingError(
-                                f"step {step + 1}: {exc}; the weights were not updated; {kept}"
-                            ) from None
+                            raise diverged(step + 1, exc.what, exc.value, last_saved) from None
                 t_trained = time.perf_counter()
                 record = step_record(step + 1, rollouts, advantages, stats, float(scheduler.get_last_lr()[0]),
                                      t_sampled - t0, t_trained - t_sampled)  # fmt: skip
@@ -216,14 +214,16 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                 every = config.output.sample_every
                 if every and ((step + 1) % every == 0 or done):
                     keep = config.output.sample_groups * config.train.rollouts_per_example
-                    _save_sample(run_dir / "samples" / f"step-{step + 1:06d}", rollouts[:keep], config, spec)
+                    name = f"step-{step + 1:06d}"
+                    _save_run(run_dir / "samples" / name, rollouts[:keep],
+                              _sample_metadata(rollouts[:keep], config, spec, name))  # fmt: skip
                 if done or (config.output.save_every and (step + 1) % config.output.save_every == 0):
                     last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
                                                       optimizer=optimizer, scheduler=scheduler, extra={})  # fmt: skip
                     write_curves([run_dir], run_dir / "curves.html")
                     show.note(f"checkpoint: {last_saved}")
     finally:
-        await sampler.client.aclose()
+        await sampler.aclose()
     final = ckpt.link_final(run_dir, last_saved) if last_saved is not None else run_dir
     say(f"done: {final} (curves: {run_dir / 'curves.html'})")
     return run_dir
@@ -312,15 +312,17 @@ class RLProgress(TrainProgress):
 async def _evaluate(
     eval_envs: list[tuple[str, Environment]], sampler: Sampler, config: RLConfig, run_dir: Path, step: int
 ) -> dict[str, float | None]:
-    """Each held-out set, one rollout per example, saved as a run; its means as ``eval/SET/...``."""
+    """Each held-out set, one rollout per example, saved as a run in ``RUN_DIR/evals/step-N/SET``;
+    its means logged as ``eval/SET/...``."""
     out: dict[str, float | None] = {}
     sampling = Sampling(temperature=config.eval.temperature, max_tokens=config.sampling.max_tokens)
     rewards = []
-    for name, env in eval_envs:
+    for (name, env), eval_set in zip(eval_envs, config.eval.sets, strict=True):
         spec = RunSpec(num_examples=min(config.eval.num_examples, len(env.examples)),
                        max_concurrent=config.train.max_concurrent, sampling=sampling)  # fmt: skip
-        run = await evaluate(env, sampler.client, spec, output_dir=run_dir / "evals" / f"step-{step:06d}",
-                             env_id=f"{config.env.id}-{name}")  # fmt: skip
+        run = await evaluate(env, sampler.client, spec, output_dir=None, env_id=f"{config.env.id}-{name}",
+                             env_args=eval_set.args)  # fmt: skip
+        _save_run(run_dir / "evals" / f"step-{step:06d}" / name, run.rollouts, run.metadata)
         summary = run.summary
         out[f"eval/{name}/reward"] = summary["reward"]["mean"]
         rewards.append(summary["reward"]["mean"])
@@ -331,18 +333,20 @@ async def _evaluate(
     return out
 
 
-def _save_sample(path: Path, rollouts: list[Rollout], config: RLConfig, spec: RunSpec) -> None:
-    """The rollouts as a saved run (``palaestra report PATH`` opens it)."""
+def _sample_metadata(rollouts: list[Rollout], config: RLConfig, spec: RunSpec, run_id: str) -> RunMetadata:
+    from palaestra.eval.summary import summarize
+
+    return RunMetadata(env_id=config.env.id, model="policy", spec=spec, env_args=config.env.args, run_id=run_id,
+                       status="complete", counts={"expected": len(rollouts), "saved": len(rollouts),
+                                                  "errors": sum(r.error is not None for r in rollouts)},
+                       summary=summarize(rollouts, rollouts_per_example=spec.rollouts_per_example))  # fmt: skip
+
+
+def _save_run(path: Path, rollouts: list[Rollout], metadata: RunMetadata) -> None:
+    """``rollouts`` as a saved run at ``path`` (``palaestra report PATH`` opens it)."""
     path.mkdir(parents=True, exist_ok=True)
     store = RunStore(path)
     store.rewrite(rollouts)
-    from palaestra.eval.summary import summarize
-
-    metadata = RunMetadata(env_id=config.env.id, model="policy", spec=spec, env_args=config.env.args,
-                           run_id=path.name, status="complete",
-                           counts={"expected": len(rollouts), "saved": len(rollouts),
-                                   "errors": sum(r.error is not None for r in rollouts)},
-                           summary=summarize(rollouts, rollouts_per_example=spec.rollouts_per_example))  # fmt: skip
     store.write_metadata(metadata)
 
 
@@ -378,11 +382,14 @@ def _check_template(tokenizer: Any, env: Environment) -> None:
     """The model's chat template must render the environment's messages (found here, not mid-run)."""
     from palaestra.chat_template import prompt_ids
 
+    prompt = env.examples[0].prompt
     try:
-        prompt_ids(tokenizer, env.examples[0].prompt, tools=env.tools)
+        prompt_ids(tokenizer, prompt, tools=env.tools)
     except Exception as exc:  # noqa: BLE001 - jinja errors of any kind: one clear line
+        roles = ", ".join(str(m.get("role")) for m in prompt)
         raise ConfigError(
-            f"the model's chat template cannot render {env.examples[0].prompt[:1]}...: {exc}"
+            f"the model's chat template cannot render the environment's first prompt ({roles}"
+            f"{', with tools' if env.tools else ''}): {exc}"
         ) from None
 
 

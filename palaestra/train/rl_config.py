@@ -33,8 +33,11 @@ class SamplingConfig:
     max_tokens: int = 128  # per reply
 
     def __post_init__(self) -> None:
-        if not 0 <= self.temperature < 100 or not 0 < self.top_p <= 1 or self.max_tokens < 1:
-            raise ValueError("need 0 <= temperature, 0 < top_p <= 1 and max_tokens >= 1")
+        if not 0 < self.temperature < 100 or not 0 < self.top_p <= 1 or self.max_tokens < 1:
+            raise ValueError(
+                "need 0 < temperature (greedy rollouts of one example are all alike: nothing to "
+                "compare), 0 < top_p <= 1 and max_tokens >= 1"
+            )
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,6 @@ class EvalConfig:
     every: int = 0  # 0: only before the first step and after the last
     num_examples: int = 100
     temperature: float = 1.0
-    seed: int = 1000  # the held-out examples come from this dataset seed, not the training one
     sets: tuple[EvalSet, ...] = ()
 
     def __post_init__(self) -> None:

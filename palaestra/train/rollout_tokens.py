@@ -39,12 +39,13 @@ class TokenSequence:
 
 def rollout_sequences(rollout: Rollout, advantage: float, index: int = 0) -> list[TokenSequence]:
     """The training sequences of one rollout: one when its turns chain, else one per turn."""
-    turns = [t for t in rollout.turns if t.token_ids]
+    turns = [t for t in rollout.turns if t.token_ids != []]  # an empty reply trains nothing
     if not turns:
         return []
     for turn in turns:
         if (
-            turn.prompt_token_ids is None
+            turn.token_ids is None
+            or turn.prompt_token_ids is None
             or turn.logprobs is None
             or len(turn.logprobs) != len(turn.token_ids or [])
         ):
