@@ -1,13 +1,15 @@
-"""The tic-tac-toe SFT recipe end to end: teacher data, filter, SFT, evaluation, a before/after table.
+"""The tic-tac-toe recipe end to end: teacher data, filter, SFT, RL, evaluation, a before/after table.
 
-    python examples/tictactoe/recipe.py tiny                 # a tiny model built from a config
+    python examples/tictactoe/recipe.py demo                 # the talk in miniature (./dev demo)
+    python examples/tictactoe/recipe.py tiny --rl            # the tiny model's full recipe
     python examples/tictactoe/recipe.py smollm2 --games 20   # SmolLM2-135M-Instruct, full fine-tuning
     python examples/tictactoe/recipe.py smollm2 --games 20 --lora
 
 Every stage is a ``palaestra`` command (printed before it runs, with its wall-clock time and the
 machine's load after it), so each can be rerun by hand. Evaluation follows the environment's
 protocol: games against the random and the optimal opponent, one rollout each, the
-environment's own sampling (temperature 1), replies capped at 64 tokens.
+environment's own sampling (temperature 1), replies capped at 64 tokens. ``demo`` is the tiny
+recipe with every stage: the model before SFT, after SFT and after RL.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -23,87 +26,117 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 TEACHER = "scripted:tictactoe:heuristic_player"
+KEEP = ["won == 1 or drew == 1", "format_reward == 1", "invalid_moves == 0"]  # the teacher games to imitate
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=["tiny", "smollm2"])
-    parser.add_argument("--games", type=int, default=100, help="evaluation games per opponent")
+    parser.add_argument("model", choices=["demo", "tiny", "smollm2"])
+    parser.add_argument("--games", type=int, default=None, help="evaluation games per opponent")
     parser.add_argument("--teacher-games", type=int, default=None, help="default: 2000 tiny, 300 smollm2")
     parser.add_argument("--lora", action="store_true", help="LoRA instead of full fine-tuning (smollm2)")
     parser.add_argument("--baseline", action="store_true", help="also evaluate the model before SFT")
+    parser.add_argument("--rl", action="store_true", help="then train with RL from the SFT checkpoint")
     parser.add_argument("--workdir", type=Path, default=Path("outputs/tictactoe"))
     parser.add_argument(
-        "overrides", nargs="*", help="config overrides for the SFT run, e.g. --train.steps=40"
+        "--sft",
+        nargs="*",
+        default=[],
+        metavar="OVERRIDE",
+        help="SFT config overrides (--sft --train.steps=40)",
+    )
+    parser.add_argument(
+        "--rl-overrides", nargs="*", default=[], metavar="OVERRIDE", help="RL config overrides"
     )
     args = parser.parse_args()
+    demo = args.model == "demo"
+    model = "tiny" if demo else args.model
     name = args.model + ("-lora" if args.lora else "")
     work = args.workdir / name
-    teacher_games = args.teacher_games or (2000 if args.model == "tiny" else 300)
+    if demo and work.exists():  # the demo's own folder: each run starts from nothing
+        print(f"removing the previous demo run {work}")
+        shutil.rmtree(work)
+    games = args.games or 100
+    teacher_games = args.teacher_games or (2000 if model == "tiny" else 300)
+    times: dict[str, float] = {}
 
-    teacher = args.workdir / f"teacher-{teacher_games}"
+    start = time.perf_counter()
+    teacher = args.workdir / f"teacher-{teacher_games}-won-drew"
     if not teacher.exists():
-        env_args = json.dumps({"num_examples": teacher_games, "seed": 1})  # eval games use seed 0
-        palaestra("eval", "tictactoe", "-m", TEACHER, "-a", env_args, "-n", teacher_games, "-r", 1,
-                  "--save-dataset", teacher, "--quiet", "-o", args.workdir / "outputs")  # fmt: skip
-    kept = keep_wins_and_draws(teacher)
+        env_args = json.dumps({"num_examples": teacher_games, "seed": 1})  # evaluation games use seed 0
+        out = palaestra("eval", "tictactoe", "-m", TEACHER, "-a", env_args, "-n", teacher_games, "-r", 1,
+                        "--quiet", "-o", args.workdir / "outputs", echo=False)  # fmt: skip
+        where = [a for condition in KEEP for a in ("-w", condition)]
+        palaestra("data", "filter", saved_run(out), *where, "-o", teacher)
+    times["teacher data"] = time.perf_counter() - start
 
-    config = HERE / f"{args.model}.toml"
+    start = time.perf_counter()
     extra = ["--lora.enabled=true", "--optim.lr=1e-3"] if args.lora else []
-    palaestra("train", "sft", config, "--data.path", kept, "--output.dir", work / "sft", "--quiet",
-              *extra, *args.overrides)  # fmt: skip
+    palaestra("train", "sft", HERE / f"{model}.toml", "--data.path", teacher, "--output.dir", work / "sft",
+              "--quiet", *extra, *args.sft)  # fmt: skip
+    times["SFT"] = time.perf_counter() - start
 
-    models = {"after SFT": work / "sft" / "final"}
-    if args.baseline:
-        before = work / "sft" / "base-model" if args.model == "tiny" else "smollm2"
-        models = {"before SFT": before, **models}
+    models: dict[str, Path | str] = {}
+    if args.baseline or demo:
+        models["before SFT"] = work / "sft" / "base-model" if model == "tiny" else "smollm2"
+    models["after SFT"] = work / "sft" / "final"
+    if args.rl or demo:
+        start = time.perf_counter()
+        palaestra("train", "rl", HERE / f"{model}-rl.toml", "--model.path", work / "sft" / "final",
+                  "--output.dir", work / "rl", "--quiet", *args.rl_overrides)  # fmt: skip
+        times["RL"] = time.perf_counter() - start
+        models["after RL"] = work / "rl" / "final"
+
+    start = time.perf_counter()
     rows = []
-    for label, model in models.items():
+    for label, path in models.items():
         for opponent in ("random", "optimal"):
-            summary = evaluate(model, opponent, args.games, args.workdir / "outputs")
-            rows.append((label, opponent, summary))
-    print_table(name, rows)
+            rows.append((label, opponent, evaluate(path, opponent, games, args.workdir / "outputs")))
+    times["evaluation"] = time.perf_counter() - start
+    print_table(name, rows, games)
+    print("\ntime per stage: " + ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in times.items())
+          + f"; total {sum(times.values()) / 60:.1f} min")  # fmt: skip
+    if args.rl or demo:
+        print(
+            f"RL curves: {work / 'rl' / 'curves.html'}; read the games: palaestra report {work / 'rl' / 'samples'}/step-*"
+        )
 
 
-def palaestra(*argv: object) -> str:
-    """Run one ``palaestra`` command in this Python; print it, its time and the load; return stdout."""
+def palaestra(*argv: object, echo: bool = True) -> str:
+    """Run one ``palaestra`` command in this Python; print it, its output (``echo``: all of it,
+    else the saved run's path), its time and the load; return its stdout."""
     command = [sys.executable, "-m", "palaestra.cli", *map(str, argv)]
     print("\n$ palaestra " + shlex.join(command[3:]), flush=True)
     start = time.perf_counter()
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-    print(done.stdout, end="")
+    lines = done.stdout.splitlines(keepends=True)
+    print("".join(line for line in lines if echo or line.startswith("saved:")), end="")
     if done.returncode:
         raise SystemExit(f"failed with exit status {done.returncode}")
     print(f"[{time.perf_counter() - start:.0f} s; {os.popen('uptime').read().strip()}]", flush=True)
     return done.stdout
 
 
-def keep_wins_and_draws(teacher: Path) -> Path:
-    """TEMPORARY, until ``palaestra data filter`` exists: keep the teacher's won and drawn games
-    that have a perfect format and no invalid move."""
-    import datasets
-
-    kept = teacher.with_name(teacher.name + "-won-drew")
-    if not kept.exists():
-        rows = datasets.load_from_disk(str(teacher))
-        good = rows.filter(lambda r: (r["won"] == 1 or r["drew"] == 1) and r["format_reward"] == 1
-                           and r["invalid_moves"] == 0 and not r["error"])  # fmt: skip
-        good.save_to_disk(str(kept))
-        print(f"kept {len(good)} of {len(rows)} teacher games (wins and draws): {kept}")
-    return kept
+def saved_run(stdout: str) -> Path:
+    """The run folder a ``palaestra eval`` printed (``saved: PATH``)."""
+    return Path(
+        next(
+            line.removeprefix("saved: ") for line in stdout.splitlines() if line.startswith("saved: ")
+        ).strip()
+    )
 
 
 def evaluate(model: Path | str, opponent: str, games: int, output_dir: Path) -> dict[str, float]:
     """The protocol's evaluation against ``opponent``; the summary's means by metric name."""
     out = palaestra("eval", "tictactoe", "-m", model, "-a", json.dumps({"opponent": opponent}), "-n", games,
-                    "-r", 1, "-t", 64, "-c", games, "--quiet", "-o", output_dir)  # fmt: skip
-    saved = next(line.removeprefix("saved: ") for line in out.splitlines() if line.startswith("saved: "))
-    metadata = json.loads((Path(saved.strip()) / "metadata.json").read_text())
+                    "-r", 1, "-t", 64, "-c", games, "--quiet", "-o", output_dir, echo=False)  # fmt: skip
+    metadata = json.loads((saved_run(out) / "metadata.json").read_text())
     return {name: value["mean"] for name, value in metadata["summary"]["metrics"].items()}
 
 
-def print_table(name: str, rows: list[tuple[str, str, dict[str, float]]]) -> None:
-    print(f"\n{name}: W/D/L (and unfinished) in % of games; legal replies = 1 - invalid moves / replies")
+def print_table(name: str, rows: list[tuple[str, str, dict[str, float]]], games: int) -> None:
+    print(f"\n{name}: {games} games per opponent; W/D/L/unfinished in % of games; "
+          "legal replies = 1 - invalid moves / replies")  # fmt: skip
     print(
         "| model | opponent | W / D / L / unfinished | format | legal replies | games with an invalid move |"
     )

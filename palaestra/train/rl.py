@@ -210,7 +210,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                 if eval_envs and (done or (config.eval.every and (step + 1) % config.eval.every == 0)):
                     record.update(await _evaluate(eval_envs, sampler, config, run_dir, step + 1))
                 log.write(record)
-                show.update(record)
+                if progress is not False:
+                    show.update(record)
                 every = config.output.sample_every
                 if every and ((step + 1) % every == 0 or done):
                     keep = config.output.sample_groups * config.train.rollouts_per_example
@@ -221,7 +222,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                     last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
                                                       optimizer=optimizer, scheduler=scheduler, extra={})  # fmt: skip
                     write_curves([run_dir], run_dir / "curves.html")
-                    show.note(f"checkpoint: {last_saved}")
+                    if progress is not False:
+                        show.note(f"checkpoint: {last_saved}")
     finally:
         await sampler.aclose()
     final = ckpt.link_final(run_dir, last_saved) if last_saved is not None else run_dir
