@@ -116,7 +116,7 @@ class EvalConfig:
 class RLOutputConfig(OutputConfig):
     """The SFT output section, plus rollouts saved as runs ``palaestra report`` opens."""
 
-    dir: str = "runs/rl"
+    dir: str = "outputs/rl"
     sample_every: int = 10  # steps between saved samples of the batch's rollouts; 0: never
     sample_groups: int = 8  # groups per saved sample
 
