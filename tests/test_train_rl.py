@@ -155,6 +155,7 @@ def test_a_lora_run_samples_through_the_adapter(
         ),
         (["--eval.sets", '[{name = "x", args = {nope = 1}}]'], "eval.sets x: environment 'toy'"),
         (["--model.path", "/no/such/model"], "/no/such/model"),
+        (["--train.max_length", "9000"], "micro_batch_tokens (8192) must be at least max_length (9000)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_any_work(

@@ -16,7 +16,13 @@ torch = pytest.importorskip("torch")
 
 from palaestra.train.advantages import group_advantages  # noqa: E402 - after the torch skip
 from palaestra.train.losses import LOSSES, LossConfig, LossInputs, compute_loss, token_weights  # noqa: E402
-from palaestra.train.rollout_tokens import TokenError, chains, rollout_sequences  # noqa: E402
+from palaestra.train.rollout_tokens import (  # noqa: E402
+    TokenError,
+    TokenSequence,
+    chains,
+    cut_to_length,
+    rollout_sequences,
+)
 
 
 def r(example: int, index: int, reward: float | None) -> pa.Rollout:
@@ -257,3 +263,13 @@ async def test_a_chatml_template_re_renders_earlier_turns_so_a_whole_game_is_one
         played = rollout.messages[:-1] if rollout.messages[-1]["role"] == "user" else rollout.messages
         rendered = tokenizer.apply_chat_template(played, tokenize=False)
         assert tokenizer.decode(seq.input_ids) == rendered.removesuffix("\n")  # ends at the last <|im_end|>
+
+
+def test_sequences_longer_than_max_length_are_cut_and_counted() -> None:
+    long = TokenSequence(list(range(10)), [False] * 4 + [True] * 6, [0.0] * 4 + [-0.5] * 6, 1.0, 0)
+    short = TokenSequence([1, 2, 3], [False, True, True], [0.0, -0.1, -0.2], -1.0, 1)
+    out, cut = cut_to_length([long, short], 6)
+    assert cut == 1 and out[1] == short
+    assert out[0].input_ids == list(range(6)) and out[0].mask == [False] * 4 + [True] * 2
+    assert out[0].sampler_logprobs == [0.0] * 4 + [-0.5] * 2 and out[0].advantage == 1.0
+    assert cut_to_length([long], 0) == ([long], 0)

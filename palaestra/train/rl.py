@@ -53,7 +53,7 @@ from palaestra.train.model import (
 )
 from palaestra.train.policy_update import Diverged, policy_update
 from palaestra.train.rl_config import RLConfig
-from palaestra.train.rollout_tokens import TokenError, batch_sequences
+from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
 from palaestra.train.sft import TrainingError, diverged
 from palaestra.train.sft_config import ModelConfig
 from palaestra.types import Example, Rollout, RunSpec, Sampling, derive_seed
@@ -190,6 +190,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                     sequences = batch_sequences([r for r, _ in learn], [a for _, a in learn])
                 except TokenError as exc:
                     raise TrainingError(f"step {step + 1}: {exc}") from None
+                sequences, cut = cut_to_length(sequences, config.train.max_length)
                 stats = None
                 if sequences:
                     async with sampler.updating():
@@ -206,6 +207,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                 t_trained = time.perf_counter()
                 record = step_record(step + 1, rollouts, advantages, stats, float(scheduler.get_last_lr()[0]),
                                      t_sampled - t0, t_trained - t_sampled)  # fmt: skip
+                record["cut_sequences"] = cut
                 done = step + 1 == config.train.steps
                 if eval_envs and (done or (config.eval.every and (step + 1) % config.eval.every == 0)):
                     record.update(await _evaluate(eval_envs, sampler, config, run_dir, step + 1))

@@ -71,6 +71,7 @@ class RLTrainConfig:
     rollouts_per_example: int = 8
     update_passes: int = 1  # optimizer steps on each batch; ratios stay taken against the sampler
     micro_batch_tokens: int = 8192  # tokens (padding included) per forward/backward pass
+    max_length: int = 0  # tokens per training sequence; longer ones are cut (and counted); 0: no limit
     max_concurrent: int = 64  # model requests in flight while sampling
     seed: int = 0
     device: str = "auto"
@@ -82,6 +83,12 @@ class RLTrainConfig:
                      "max_concurrent"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_length < 0:
+            raise ValueError(f"max_length must be at least 0 (0: no limit), got {self.max_length}")
+        if self.max_length > self.micro_batch_tokens:
+            raise ValueError(
+                f"micro_batch_tokens ({self.micro_batch_tokens}) must be at least max_length ({self.max_length})"
+            )
         if self.batch_size % self.rollouts_per_example:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be a multiple of rollouts_per_example "

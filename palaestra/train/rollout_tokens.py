@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from palaestra.types import Rollout
 
@@ -100,3 +100,20 @@ def batch_sequences(rollouts: Sequence[Rollout], advantages: Sequence[float]) ->
     for i, (rollout, advantage) in enumerate(zip(rollouts, advantages, strict=True)):
         out.extend(rollout_sequences(rollout, advantage, i))
     return out
+
+
+def cut_to_length(sequences: Sequence[TokenSequence], max_length: int) -> tuple[list[TokenSequence], int]:
+    """``sequences`` with those longer than ``max_length`` tokens cut there (their later sampled
+    tokens are not trained; under causal attention the earlier ones are unchanged), and how many
+    were cut. ``max_length`` 0: no limit."""
+    if max_length <= 0:
+        return list(sequences), 0
+    out = []
+    cut = 0
+    for seq in sequences:
+        if len(seq.input_ids) > max_length:
+            cut += 1
+            seq = replace(seq, input_ids=seq.input_ids[:max_length], mask=seq.mask[:max_length],
+                          sampler_logprobs=seq.sampler_logprobs[:max_length])  # fmt: skip
+        out.append(seq)
+    return out, cut
