@@ -200,7 +200,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                                 loss_config, passes=config.train.update_passes,
                                 micro_batch_tokens=config.train.micro_batch_tokens,
                                 max_grad_norm=opt.max_grad_norm, device=device, bf16=bf16, pad_id=pad_id,
-                                temperature=config.sampling.temperature or 1.0, reference=reference,
+                                temperature=config.sampling.temperature, reference=reference,
                             )  # fmt: skip
                         except Diverged as exc:
                             raise diverged(step + 1, exc.what, exc.value, last_saved) from None
