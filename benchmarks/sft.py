@@ -230,6 +230,7 @@ def run_trl(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         optim="adamw_torch", logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False,
         max_length=args.max_length, train_sampling_strategy="sequential", dataloader_num_workers=0, seed=0,
         logging_nan_inf_filter=False, disable_tqdm=True,
+        gradient_checkpointing=False,  # TRL defaults to True: recomputing the forward pass is not the same work
     )  # fmt: skip
     trainer = SFTTrainer(model=model, args=trl_config, train_dataset=dataset, processing_class=tokenizer,
                          callbacks=[StepTimer()])  # fmt: skip
