@@ -82,62 +82,40 @@ def add_train_parser(subparsers: Any) -> None:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from palaestra.train.config import load_config, parse_overrides
-    from palaestra.train.sft_config import SFTConfig
-
-    overrides = parse_overrides(args.overrides)
-    if args.resume is not None:
-        if args.config is not None:
-            raise UsageError("give a CONFIG or --resume RUN_DIR, not both (a resumed run keeps its config)")
-        from palaestra.train.sft import resume_config
-
-        config = resume_config(args.resume, overrides)
-    elif args.config is None:
-        raise UsageError("give a CONFIG file (or --resume RUN_DIR)")
-    else:
-        config = load_config(SFTConfig, args.config, overrides)
-    _check_train_extra()
-    from palaestra.train.sft import TrainingError, train_sft
-
-    try:
-        train_sft(config, resume=args.resume, progress=None if args.quiet else True)
-    except TrainingError as exc:
-        print(f"palaestra: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        run_dir = args.resume or Path(config.output.dir)
-        raise KeyboardInterrupt(f"interrupted; continue from the last checkpoint with: "
-                                f"palaestra train sft --resume {run_dir}") from None  # fmt: skip
-    return 0
+    return _train(args, "sft")
 
 
 def cmd_rl(args: argparse.Namespace) -> int:
+    return _train(args, "rl")
+
+
+def _train(args: argparse.Namespace, kind: str) -> int:
+    """``palaestra train sft`` and ``palaestra train rl``: the config (or the resumed run's), then the run."""
+    import importlib
+
     from palaestra.train.config import load_config, parse_overrides
-    from palaestra.train.rl_config import RLConfig
 
     overrides = parse_overrides(args.overrides)
-    if args.resume is not None:
-        if args.config is not None:
-            raise UsageError("give a CONFIG or --resume RUN_DIR, not both (a resumed run keeps its config)")
-        from palaestra.train.rl import resume_config
-
-        config = resume_config(args.resume, overrides)
-    elif args.config is None:
+    if args.resume is not None and args.config is not None:
+        raise UsageError("give a CONFIG or --resume RUN_DIR, not both (a resumed run keeps its config)")
+    if args.resume is None and args.config is None:
         raise UsageError("give a CONFIG file (or --resume RUN_DIR)")
-    else:
-        config = load_config(RLConfig, args.config, overrides)
     _check_train_extra()
-    from palaestra.train.rl import TrainingError, train_rl
-
+    trainer = importlib.import_module(f"palaestra.train.{kind}")  # sft.py or rl.py
+    if args.resume is not None:
+        config = trainer.resume_config(args.resume, overrides)
+    else:
+        config_module = importlib.import_module(f"palaestra.train.{kind}_config")
+        config = load_config(getattr(config_module, f"{kind.upper()}Config"), args.config, overrides)
     try:
-        train_rl(config, resume=args.resume, progress=None if args.quiet else True)
-    except TrainingError as exc:
+        getattr(trainer, f"train_{kind}")(config, resume=args.resume, progress=None if args.quiet else True)
+    except trainer.TrainingError as exc:
         print(f"palaestra: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         run_dir = args.resume or Path(config.output.dir)
         raise KeyboardInterrupt(f"interrupted; continue from the last checkpoint with: "
-                                f"palaestra train rl --resume {run_dir}") from None  # fmt: skip
+                                f"palaestra train {kind} --resume {run_dir}") from None  # fmt: skip
     return 0
 
 
