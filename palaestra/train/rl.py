@@ -54,7 +54,7 @@ from palaestra.train.model import (
 from palaestra.train.policy_update import Diverged, policy_update
 from palaestra.train.rl_config import RLConfig
 from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
-from palaestra.train.sft import TrainingError, diverged
+from palaestra.train.sft import TrainingError, diverged, optimizer_and_schedule
 from palaestra.train.sft_config import ModelConfig
 from palaestra.types import Example, Rollout, RunSpec, Sampling, derive_seed
 
@@ -145,18 +145,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
 
     # -- optimizer, learning-rate schedule, state of a resumed run --------------------------------
     opt = config.optim
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-    )
     updates = config.train.steps * config.train.update_passes
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: lr_factor(k, opt, updates))
-    start = 0
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        ckpt.restore_rng(state)
-        start = state["step"]
+    optimizer, scheduler, start = optimizer_and_schedule(model, opt, updates, state)
     backbone, head = backbone_and_head(model)
     loss_config = LossConfig(name=config.loss.name, eps_low=config.loss.eps_low, eps_high=config.loss.eps_high,
                              mask_low=config.loss.mask_low, mask_high=config.loss.mask_high,
@@ -248,16 +238,6 @@ def step_examples(examples: Sequence[Example], step: int, count: int) -> list[Ex
     """The ``count`` consecutive examples of ``step``, wrapping around the dataset."""
     n = len(examples)
     return [examples[(step * count + i) % n] for i in range(count)]
-
-
-def lr_factor(update: int, optim: Any, total: int) -> float:
-    """The learning rate of optimizer update ``update`` (from 0) as a fraction of ``optim.lr``."""
-    if update < optim.warmup_steps:
-        return (update + 1) / optim.warmup_steps
-    if optim.schedule == "constant":
-        return 1.0
-    progress = min(1.0, (update - optim.warmup_steps) / max(1, total - optim.warmup_steps))
-    return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def step_record(

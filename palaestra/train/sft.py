@@ -39,7 +39,7 @@ from palaestra.train.model import (
     parameter_counts,
 )
 from palaestra.train.prefix import SharedPrefix, shared_prefix_length
-from palaestra.train.sft_config import ModelConfig, SFTConfig
+from palaestra.train.sft_config import ModelConfig, OptimConfig, SFTConfig
 from palaestra.train.tokenize import IGNORE, Encoded, encode, end_of_turn_ids
 
 CONFIG_FILE = "config.toml"
@@ -105,17 +105,8 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
         print(describe(examples, config, *parameter_counts(model), device, bf16, run_dir))
 
     # -- 3. optimizer and learning-rate schedule ---------------------------------------------------
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config))
-    first_step = 0
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        ckpt.restore_rng(state)
-        first_step = state["step"]
+    optimizer, scheduler, first_step = optimizer_and_schedule(model, config.optim, train.steps, state)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
 
     # -- 4. train ----------------------------------------------------------------------------------
     backbone, head = backbone_and_head(model)
@@ -206,15 +197,32 @@ def token_loss_sum(backbone: Any, head: Any, micro: MicroBatch, device: Any, cac
     return F.cross_entropy(logits.float(), targets[trained], reduction="sum")
 
 
-def lr_factor(step: int, config: SFTConfig) -> float:
-    """The learning rate of optimizer step ``step`` (from 0) as a fraction of ``optim.lr``."""
-    warmup, total = config.optim.warmup_steps, config.train.steps
-    if step < warmup:
-        return (step + 1) / warmup
-    if config.optim.schedule == "constant":
+def optimizer_and_schedule(model: Any, optim: OptimConfig, updates: int, state: Any) -> tuple[Any, Any, int]:
+    """AdamW over the trainable parameters, its learning-rate schedule over ``updates`` optimizer
+    steps, and the step to start from: restored from a checkpoint's ``state`` (RNG included), if any."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: lr_factor(k, optim, updates))
+    if state is None:
+        return optimizer, scheduler, 0
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    ckpt.restore_rng(state)
+    return optimizer, scheduler, int(state["step"])
+
+
+def lr_factor(update: int, optim: OptimConfig, total: int) -> float:
+    """The learning rate of optimizer step ``update`` (from 0) of ``total`` as a fraction of ``optim.lr``."""
+    if update < optim.warmup_steps:
+        return (update + 1) / optim.warmup_steps
+    if optim.schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    low = config.optim.min_lr_ratio
+    progress = min(1.0, (update - optim.warmup_steps) / max(1, total - optim.warmup_steps))
+    low = optim.min_lr_ratio
     return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
