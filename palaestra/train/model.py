@@ -9,6 +9,7 @@ as they are: LoRA adapters are merged into the saved weights (the adapter is als
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,19 +29,7 @@ def load_model(config: ModelConfig, texts: Callable[[], list[str]], *, device: A
     if config.tiny is not None:
         from palaestra.tiny_model import TinyConfig, build_tiny_model
 
-        tiny = config.tiny
-        sizes = TinyConfig(
-            vocab_size=tiny.vocab_size,
-            hidden_size=tiny.hidden_size,
-            intermediate_size=tiny.intermediate_size,
-            num_layers=tiny.num_layers,
-            num_heads=tiny.num_heads,
-            num_kv_heads=tiny.num_kv_heads,
-            max_positions=tiny.max_positions,
-            initializer_range=tiny.initializer_range,
-            tie_embeddings=tiny.tie_embeddings,
-            seed=tiny.seed,
-        )
+        sizes = TinyConfig(**dataclasses.asdict(config.tiny))  # the same fields, the training defaults
         model, tokenizer = build_tiny_model(texts(), sizes)
         model.set_attn_implementation(config.attn_implementation)
     else:
