@@ -8,11 +8,8 @@ their own so that ``main`` runs on the main thread, as it does from a terminal.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import socket
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ import pytest
 from palaestra.cli import main
 from palaestra.clients.openai import OpenAIClient
 from palaestra.testing import FakeOpenAIServer, reverse_reply
+from palaestra.testing import served_in_thread as served
 
 ORACLE = "scripted:reverse_text:oracle"
 
@@ -35,23 +33,6 @@ def assert_one_line_error(err: str, *fragments: str) -> None:
     assert "Traceback" not in err
     for fragment in fragments:
         assert fragment in err, err
-
-
-@contextlib.contextmanager
-def served(*args: Any, **kwargs: Any) -> Iterator[FakeOpenAIServer]:
-    """A FakeOpenAIServer on a loop of its own thread (``main`` then runs on the main thread)."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server = FakeOpenAIServer(*args, **kwargs)
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
-    try:
-        yield server
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import json
 import logging
@@ -11,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -25,7 +23,8 @@ import palaestra as pa
 from palaestra.cli import main
 from palaestra.eval.store import RunStore
 from palaestra.eval.summary import summarize
-from palaestra.testing import FakeOpenAIServer, reverse_reply
+from palaestra.testing import reverse_reply
+from palaestra.testing import served_in_thread as served
 
 POLICIES = """
 import asyncio, os
@@ -61,23 +60,6 @@ def policies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Module
 @pytest.fixture(autouse=True)
 def _no_ambient_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-
-
-@contextlib.contextmanager
-def served(*args: Any, **kwargs: Any) -> Iterator[FakeOpenAIServer]:
-    """A FakeOpenAIServer on a loop of its own thread (``main`` then runs on the main thread)."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server = FakeOpenAIServer(*args, **kwargs)
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
-    try:
-        yield server
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
 
 
 def new_run(out: Path, *args: str, env: str = "reverse_text", model: str = ORACLE) -> Path:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
         echo_reply,
         fixed_reply,
         reverse_reply,
+        served_in_thread,
     )
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "echo_reply",
     "fixed_reply",
     "reverse_reply",
+    "served_in_thread",
 ]
 
 

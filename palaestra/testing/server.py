@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
@@ -301,6 +303,24 @@ def messages_key(messages: list[dict[str, Any]]) -> str:
 
 
 # --- built-in replies ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def served_in_thread(*args: Any, **kwargs: Any) -> Iterator[FakeOpenAIServer]:
+    """A ``FakeOpenAIServer(*args, **kwargs)`` on an event loop of its own thread, for code under
+    test that runs its own loop on the main thread (``palaestra.cli.main``, say)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = FakeOpenAIServer(*args, **kwargs)
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+    try:
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
 
 
 def echo_reply(body: dict[str, Any]) -> str:

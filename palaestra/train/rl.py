@@ -54,7 +54,7 @@ from palaestra.train.model import (
 from palaestra.train.policy_update import Diverged, policy_update
 from palaestra.train.rl_config import RLConfig
 from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
-from palaestra.train.sft import TrainingError, diverged, optimizer_and_schedule
+from palaestra.train.sft import TrainingError, diverged, find_checkpoint, optimizer_and_schedule
 from palaestra.train.sft_config import ModelConfig
 from palaestra.types import Example, Rollout, RunSpec, Sampling, derive_seed
 
@@ -339,13 +339,7 @@ def _checkpoint_to_resume(run_dir: Path, resume: Path | None, config: RLConfig) 
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"output.dir {run_dir} is not empty: resume it with --resume, or pick another")
         return None, None
-    checkpoint = ckpt.latest_checkpoint(run_dir)
-    if checkpoint is None:
-        raise ConfigError(f"--resume {run_dir}: no complete checkpoint to resume from")
-    state = ckpt.load_state(checkpoint)
-    if state["step"] >= config.train.steps:
-        raise ConfigError(f"--resume: the run is at step {state['step']} already; raise train.steps to go on")
-    return checkpoint, state
+    return find_checkpoint(run_dir, config.train.steps)
 
 
 def _load_env(env_id: str, args: dict[str, Any], where: str) -> Environment:

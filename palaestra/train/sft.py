@@ -62,7 +62,7 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
     # -- 1. check the input and load everything, before any work ---------------------------------
     train, opt = config.train, config.optim
     run_dir = Path(resume if resume is not None else config.output.dir)
-    checkpoint, state = find_checkpoint(run_dir, config) if resume is not None else (None, None)
+    checkpoint, state = find_checkpoint(run_dir, config.train.steps) if resume is not None else (None, None)
     if resume is None and run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"output.dir {run_dir} is not empty: resume it with --resume, or choose another")
     if train.threads:
@@ -291,13 +291,13 @@ def resume_config(run_dir: str | Path, overrides: dict[str, str] | None = None) 
     return load_config(SFTConfig, path, overrides)
 
 
-def find_checkpoint(run_dir: Path, config: SFTConfig) -> tuple[Path, dict[str, Any]]:
-    """The checkpoint a resumed run continues from, and its trainer state."""
+def find_checkpoint(run_dir: Path, steps: int) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint a resumed run of ``steps`` steps continues from, and its trainer state."""
     checkpoint = ckpt.latest_checkpoint(run_dir)
     if checkpoint is None:
         raise ConfigError(f"--resume {run_dir}: no complete checkpoint to resume from")
     state = ckpt.load_state(checkpoint)
-    if state["step"] >= config.train.steps:
+    if state["step"] >= steps:
         raise ConfigError(f"--resume: the run is at step {state['step']} already; raise train.steps to go on")
     return checkpoint, state
 
