@@ -9,6 +9,7 @@ exit status 1, keeping its checkpoints.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,40 +54,39 @@ def add_train_parser(subparsers: Any) -> None:
     train = subparsers.add_parser("train", help="train a model: sft, rl; curves of training runs")
     commands = train.add_subparsers(required=True, metavar="COMMAND", parser_class=OverridesParser)
 
-    sft = commands.add_parser(
-        "sft",
-        help="supervised fine-tuning on the assistant turns of saved rollouts or chats",
-        usage="palaestra train sft [-h] [CONFIG | --resume RUN_DIR] [--quiet] [--section.key VALUE ...]",
-        epilog=SFT_EPILOG,
-    )
-    sft.add_argument("config", nargs="?", type=Path, help="a TOML config (see examples/tictactoe/*.toml)")
-    sft.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR", help="continue a run")
-    sft.add_argument("--quiet", action="store_true", help="plain progress lines instead of a progress bar")
-    sft.set_defaults(func=cmd_sft)
-
-    rl = commands.add_parser(
-        "rl",
-        help="reinforcement learning on an environment's rewards (GRPO family, CISPO)",
-        usage="palaestra train rl [-h] [CONFIG | --resume RUN_DIR] [--quiet] [--section.key VALUE ...]",
-        epilog=RL_EPILOG,
-    )
-    rl.add_argument("config", nargs="?", type=Path, help="a TOML config (see examples/tictactoe/*rl*.toml)")
-    rl.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR", help="continue a run")
-    rl.add_argument("--quiet", action="store_true", help="plain progress lines instead of a progress bar")
-    rl.set_defaults(func=cmd_rl)
+    for kind, help_text, epilog, pattern in (
+        (
+            "sft",
+            "supervised fine-tuning on the assistant turns of saved rollouts or chats",
+            SFT_EPILOG,
+            "*.toml",
+        ),
+        (
+            "rl",
+            "reinforcement learning on an environment's rewards (GRPO family, CISPO)",
+            RL_EPILOG,
+            "*rl*.toml",
+        ),
+    ):
+        command = commands.add_parser(
+            kind,
+            help=help_text,
+            usage=f"palaestra train {kind} [-h] [CONFIG | --resume RUN_DIR] [--quiet] [--section.key VALUE ...]",
+            epilog=epilog,
+        )
+        command.add_argument(
+            "config", nargs="?", type=Path, help=f"a TOML config (see examples/tictactoe/{pattern})"
+        )
+        command.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR", help="continue a run")
+        command.add_argument(
+            "--quiet", action="store_true", help="plain progress lines instead of a progress bar"
+        )
+        command.set_defaults(func=functools.partial(_train, kind=kind))
 
     curves = commands.add_parser("curves", help="write the loss curves of training runs as one HTML page")
     curves.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     curves.add_argument("-o", "--output", type=Path, default=None, help="default: RUN_DIR/curves.html")
     curves.set_defaults(func=cmd_curves)
-
-
-def cmd_sft(args: argparse.Namespace) -> int:
-    return _train(args, "sft")
-
-
-def cmd_rl(args: argparse.Namespace) -> int:
-    return _train(args, "rl")
 
 
 def _train(args: argparse.Namespace, kind: str) -> int:
