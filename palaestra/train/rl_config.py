@@ -1,7 +1,8 @@
 """The RL trainer's config: the SFT config's model, LoRA, optimizer and output sections, plus the
 environment, the sampling, the loss, the batch and the held-out evaluations.
 
-docs/training.md is the reference of every key; ``examples/tictactoe/*rl*.toml`` are worked configs.
+docs/rl.md is the reference of every key (the shared sections: docs/training.md);
+``examples/tictactoe/*rl*.toml`` are worked configs.
 """
 
 from __future__ import annotations
