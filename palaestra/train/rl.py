@@ -54,7 +54,7 @@ from palaestra.train.model import (
 from palaestra.train.policy_update import Diverged, policy_update
 from palaestra.train.rl_config import RLConfig
 from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
-from palaestra.train.sft import TrainingError, diverged, find_checkpoint, optimizer_and_schedule
+from palaestra.train.sft import TrainingError, diverged, find_checkpoint, optimizer_and_schedule, pick_device
 from palaestra.train.sft_config import ModelConfig
 from palaestra.types import Example, Rollout, RunSpec, Sampling, derive_seed
 
@@ -112,8 +112,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     checkpoint, state = _checkpoint_to_resume(run_dir, resume, config)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
-    device = torch.device("cuda" if config.train.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if config.train.device == "auto" else config.train.device)  # fmt: skip
+    device = pick_device(config.train.device)
     bf16 = config.train.mixed_precision == "bf16" or (
         config.train.mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
     )
@@ -154,13 +153,12 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     sampling = Sampling(temperature=config.sampling.temperature, top_p=config.sampling.top_p,
                         max_tokens=config.sampling.max_tokens, logprobs=True)  # fmt: skip
     log = MetricsLog(run_dir, after_step=start)
-    show = RLProgress(
-        config.train.steps, done=start, log_every=config.output.log_every, plain=None if progress else True
-    )
+    show = RLProgress(config.train.steps, done=start, log_every=config.output.log_every,
+                      plain=None if progress else True, quiet=progress is False)  # fmt: skip
     last_saved = checkpoint
     model.eval()
     try:
-        with show if progress is not False else contextlib.nullcontext():
+        with show:
             if start == 0 and eval_envs:  # where the policy starts from
                 log.write({"step": 0, **await _evaluate(eval_envs, sampler, config, run_dir, 0)})
 
@@ -202,8 +200,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                 if eval_envs and (done or (config.eval.every and (step + 1) % config.eval.every == 0)):
                     record.update(await _evaluate(eval_envs, sampler, config, run_dir, step + 1))
                 log.write(record)
-                if progress is not False:
-                    show.update(record)
+                show.update(record)
                 every = config.output.sample_every
                 if every and ((step + 1) % every == 0 or done):
                     keep = config.output.sample_groups * config.train.rollouts_per_example
@@ -214,8 +211,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                     last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
                                                       optimizer=optimizer, scheduler=scheduler, extra={})  # fmt: skip
                     write_curves([run_dir], run_dir / "curves.html")
-                    if progress is not False:
-                        show.note(f"checkpoint: {last_saved}")
+                    show.note(f"checkpoint: {last_saved}")
     finally:
         await sampler.aclose()
     final = ckpt.link_final(run_dir, last_saved) if last_saved is not None else run_dir
