@@ -38,16 +38,10 @@ def main() -> None:
     parser.add_argument("--baseline", action="store_true", help="also evaluate the model before SFT")
     parser.add_argument("--rl", action="store_true", help="then train with RL from the SFT checkpoint")
     parser.add_argument("--workdir", type=Path, default=Path("outputs/tictactoe"))
-    parser.add_argument(
-        "--sft",
-        nargs="*",
-        default=[],
-        metavar="OVERRIDE",
-        help="SFT config overrides (--sft --train.steps=40)",
-    )
-    parser.add_argument(
-        "--rl-overrides", nargs="*", default=[], metavar="OVERRIDE", help="RL config overrides"
-    )
+    parser.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an SFT config override, e.g. --sft-set train.steps=40 (repeatable)")  # fmt: skip
+    parser.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an RL config override, e.g. --rl-set optim.lr=3e-4 (repeatable)")  # fmt: skip
     args = parser.parse_args()
     demo = args.model == "demo"
     model = "tiny" if demo else args.model
@@ -73,7 +67,7 @@ def main() -> None:
     start = time.perf_counter()
     extra = ["--lora.enabled=true", "--optim.lr=1e-3"] if args.lora else []
     palaestra("train", "sft", HERE / f"{model}.toml", "--data.path", teacher, "--output.dir", work / "sft",
-              "--quiet", *extra, *args.sft)  # fmt: skip
+              "--quiet", *extra, *(f"--{o}" for o in args.sft_set))  # fmt: skip
     times["SFT"] = time.perf_counter() - start
 
     models: dict[str, Path | str] = {}
@@ -83,7 +77,7 @@ def main() -> None:
     if args.rl or demo:
         start = time.perf_counter()
         palaestra("train", "rl", HERE / f"{model}-rl.toml", "--model.path", work / "sft" / "final",
-                  "--output.dir", work / "rl", "--quiet", *args.rl_overrides)  # fmt: skip
+                  "--output.dir", work / "rl", "--quiet", *(f"--{o}" for o in args.rl_set))  # fmt: skip
         times["RL"] = time.perf_counter() - start
         models["after RL"] = work / "rl" / "final"
 
@@ -103,18 +97,19 @@ def main() -> None:
 
 
 def palaestra(*argv: object, echo: bool = True) -> str:
-    """Run one ``palaestra`` command in this Python; print it, its output (``echo``: all of it,
-    else the saved run's path), its time and the load; return its stdout."""
+    """Run one ``palaestra`` command in this Python; print it, its time and the load. ``echo``: its
+    output goes straight to the terminal (returns ""); else only the saved run's path is printed,
+    and its stdout is returned."""
     command = [sys.executable, "-m", "palaestra.cli", *map(str, argv)]
     print("\n$ palaestra " + shlex.join(command[3:]), flush=True)
     start = time.perf_counter()
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-    lines = done.stdout.splitlines(keepends=True)
-    print("".join(line for line in lines if echo or line.startswith("saved:")), end="")
+    done = subprocess.run(command, stdout=None if echo else subprocess.PIPE, text=True)
+    out = done.stdout or ""
+    print("".join(line for line in out.splitlines(keepends=True) if line.startswith("saved:")), end="")
     if done.returncode:
         raise SystemExit(f"failed with exit status {done.returncode}")
     print(f"[{time.perf_counter() - start:.0f} s; {os.popen('uptime').read().strip()}]", flush=True)
-    return done.stdout
+    return out
 
 
 def saved_run(stdout: str) -> Path:
