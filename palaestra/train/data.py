@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.data.rollouts import messages_from_row
-from palaestra.types import Messages
+from palaestra.types import Messages, content_text
 
 
 class DataError(ValueError):
@@ -38,7 +38,8 @@ def load_conversations(path: str | Path) -> list[Messages]:
 
 def message_texts(conversations: Iterable[Messages]) -> list[str]:
     """The text of every message: what a tiny model's tokenizer is trained on."""
-    return [m["content"] for c in conversations for m in c if m.get("content")]
+    texts = (content_text(m.get("content")) for c in conversations for m in c)
+    return [text for text in texts if text]
 
 
 def _folder_rows(path: Path) -> Iterable[Mapping[str, Any]]:

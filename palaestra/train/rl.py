@@ -41,6 +41,7 @@ from palaestra.train import checkpoint as ckpt
 from palaestra.train.advantages import group_advantages
 from palaestra.train.config import ConfigError, load_config, to_toml
 from palaestra.train.curves import write_curves
+from palaestra.train.data import message_texts
 from palaestra.train.losses import LossConfig
 from palaestra.train.metrics import MetricsLog, TrainProgress
 from palaestra.train.model import (
@@ -123,7 +124,9 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     model_config = config.model
     if checkpoint is not None and not config.lora.enabled:  # full fine-tuning resumes from the saved weights
         model_config = ModelConfig(path=str(checkpoint), attn_implementation=config.model.attn_implementation)
-    model, tokenizer = load_model(model_config, lambda: _texts(env), device=device)
+    model, tokenizer = load_model(
+        model_config, lambda: message_texts(e.prompt for e in env.examples), device=device
+    )
     _check_template(tokenizer, env)
     reference = None
     if config.loss.kl_beta > 0:
@@ -345,11 +348,6 @@ def _load_env(env_id: str, args: dict[str, Any], where: str) -> Environment:
         return load_environment(env_id, **args)
     except (EnvironmentNotFound, EnvironmentArgsError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
-
-
-def _texts(env: Environment) -> list[str]:
-    """Text to train a tiny model's tokenizer on: the environment's own prompts."""
-    return [str(m.get("content") or "") for e in env.examples for m in e.prompt]
 
 
 def _check_template(tokenizer: Any, env: Environment) -> None:
