@@ -18,7 +18,18 @@ from palaestra.clients import (
     StreamingClient,
     TransientModelError,
 )
-from palaestra.envs import DatasetError, Environment, Final, MultiTurnEnv, RolloutTimeout, SingleTurnEnv, stop
+from palaestra.envs import (
+    DatasetError,
+    Environment,
+    EpisodeError,
+    Final,
+    MultiTurnEnv,
+    RolloutTimeout,
+    SingleTurnEnv,
+    StatefulToolEnv,
+    ToolEnv,
+    stop,
+)
 from palaestra.eval import EvalRun, RunMetadata, evaluate, load_run
 from palaestra.parsers import Parser, ThinkParser, XMLParser
 from palaestra.registry import (
@@ -28,6 +39,7 @@ from palaestra.registry import (
     load_environment,
 )
 from palaestra.rubric import RewardError, Rubric, RubricGroup, group_reward
+from palaestra.tools import Tool, ToolArgumentError, ToolDefinitionError
 from palaestra.types import (
     ChatChunk,
     ErrorInfo,
@@ -50,11 +62,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BadResponseError", "BindingError", "ChatChunk", "ClientConfigError", "DatasetError", "Environment",
-    "EnvironmentArgsError", "EnvironmentNotFound", "ErrorInfo", "EvalRun", "Example", "Final", "Message",
+    "EnvironmentArgsError", "EnvironmentNotFound", "EpisodeError", "ErrorInfo", "EvalRun", "Example", "Final", "Message",
     "Messages", "ModelClient", "ModelConnectionError", "ModelError", "ModelHTTPError",
     "ModelResponse", "ModelTimeout", "ModelUnavailable", "MultiTurnEnv", "OpenAIClient", "Parser", "RewardError",
     "Rollout", "RolloutTimeout", "Rubric", "RubricGroup", "RunMetadata", "RunSpec", "Sampling", "ScriptedClient",
-    "SingleTurnEnv", "State", "StreamingClient", "ThinkParser", "Timing", "TransientModelError", "Turn", "Usage",
+    "SingleTurnEnv", "State", "StatefulToolEnv", "StreamingClient", "ThinkParser", "Timing", "Tool", "ToolArgumentError",
+    "ToolDefinitionError", "ToolEnv", "TransientModelError", "Turn", "Usage",
     "XMLParser", "__version__", "content_text", "derive_seed", "evaluate", "group_reward", "installed_environments",
     "load_environment", "load_run", "stop",
 ]  # fmt: skip

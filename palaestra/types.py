@@ -267,17 +267,20 @@ class State(dict[str, Any]):
     """Per-rollout state: a dict saved with the rollout, plus attributes that are not saved.
 
     ``rng`` is seeded from (run seed, example id, rollout index): use it, never global randomness.
+    ``resources`` holds what must not be saved (a database connection, a client session).
     """
 
     rng: random.Random
     example: Example
     turn: int
+    resources: dict[str, Any]
 
     def __init__(self, example: Example, rng: random.Random) -> None:
         super().__init__()
         self.example = example
         self.rng = rng
         self.turn = 0
+        self.resources = {}
 
 
 @dataclass

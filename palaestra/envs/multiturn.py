@@ -7,10 +7,14 @@ names the rollout's ``stop_reason``. Unless one holds, ``env_response`` answers 
 reply — the one that reaches ``max_turns`` too, so the environment can act on it — and the
 episode then ends with stop reason ``max_turns``. ``env_response`` may also end the episode
 itself by returning ``Final(messages)``: those messages are appended and no model turn follows.
+
+``cleanup_state(state)`` runs when the episode ends, however it ends: a stop, an error, the
+rollout's timeout or the run being cancelled. Release there what ``setup_state`` acquired.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 import warnings
@@ -40,6 +44,14 @@ def stop(func: F | None = None, *, priority: int = 0) -> Any:
     return mark(func) if func is not None else mark
 
 
+class EpisodeError(Exception):
+    """Raised by a hook to end the rollout with exactly this ``ErrorInfo`` recorded."""
+
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+
+
 @dataclass
 class Final:
     """Returned by ``env_response`` to end the episode after appending ``messages``."""
@@ -59,7 +71,7 @@ def _check_hooks(cls: type) -> None:
     """Mistakes that would fail every rollout, found when the environment is built."""
     if cls.env_response is MultiTurnEnv.env_response:  # type: ignore[attr-defined]  # cls is a subclass
         raise TypeError(f"{cls.__name__} must implement env_response(self, messages, state)")
-    for hook in ("setup_state", "env_response"):
+    for hook in ("setup_state", "env_response", "cleanup_state"):
         if not inspect.iscoroutinefunction(getattr(cls, hook)):
             raise TypeError(f"{cls.__name__}.{hook} must be an async method (async def {hook}(...))")
     for name, instead in FOREIGN_HOOKS.items():
@@ -95,7 +107,18 @@ class MultiTurnEnv(Environment):
         """The environment's reply to the model's last message."""
         raise NotImplementedError(f"{type(self).__name__} must implement env_response")
 
+    async def cleanup_state(self, state: State) -> None:
+        """Release what ``setup_state`` acquired; called once per episode however it ended (also
+        when ``setup_state`` failed half-way, so check what is there)."""
+
     async def episode(self, client: ModelClient, rollout: Rollout, state: State, sampling: Sampling) -> None:
+        try:
+            await self._episode(client, rollout, state, sampling)
+        finally:
+            # shielded: a second cancellation while cleaning up lets the caller go, not the resources
+            await asyncio.shield(self._env_step(rollout, "cleanup_state", self.cleanup_state(state)))
+
+    async def _episode(self, client: ModelClient, rollout: Rollout, state: State, sampling: Sampling) -> None:
         messages = rollout.prompt + rollout.completion
         ok, _ = await self._env_step(rollout, "setup_state", self.setup_state(state))
         if not ok:
@@ -156,8 +179,10 @@ class MultiTurnEnv(Environment):
         try:
             return True, await step
         except Exception as exc:  # noqa: BLE001 - env bugs are recorded as the rollout's error
-            rollout.error = ErrorInfo(type(exc).__name__, f"in {what}: {exc}", stage="env")
-            rollout.stop_reason = "error"
+            if rollout.error is None:  # the first error is the cause; a cleanup failure after it is not
+                info = exc.info if isinstance(exc, EpisodeError) else None
+                rollout.error = info or ErrorInfo(type(exc).__name__, f"in {what}: {exc}", stage="env")
+                rollout.stop_reason = "error"
             return False, None
 
     async def _stopped(self, rollout: Rollout, messages: Messages, state: State) -> bool:
