@@ -117,6 +117,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
         finally:
             await close_client(client)
+            await env.aclose()
 
     try:
         run = run_async(go())

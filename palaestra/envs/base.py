@@ -152,6 +152,19 @@ class Environment:
         """
         raise NotImplementedError(f"{type(self).__name__} must implement episode (or use MultiTurnEnv)")
 
+    async def aclose(self) -> None:
+        """Release what the environment holds across rollouts (an MCP server, a pool); a no-op here.
+
+        The CLI and the trainers call it when they are done; a script may use ``async with env:``.
+        The environment stays usable: a later rollout acquires what it needs again.
+        """
+
+    async def __aenter__(self) -> Environment:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     def select(self, n: int = -1) -> list[Example]:
         """The first ``n`` examples (all when ``n`` is negative); ``DatasetError`` if there are fewer."""
         if n == 0 or not self.examples:

@@ -217,6 +217,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                     show.note(f"checkpoint: {last_saved}")
     finally:
         await sampler.aclose()
+        for each in {id(e): e for e in [env, *(e for _, e in eval_envs)]}.values():
+            await each.aclose()
     final = ckpt.link_final(run_dir, last_saved) if last_saved is not None else run_dir
     say(f"done: {final} (curves: {run_dir / 'curves.html'})")
     return run_dir
