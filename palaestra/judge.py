@@ -24,15 +24,14 @@ import re
 import string
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable
 from typing import Any
 
 from palaestra.binding import Binder
 from palaestra.clients.base import ModelClient
 from palaestra.parsers import Parser
 from palaestra.rubric import Rubric
-from palaestra.types import Example, Messages, Rollout, Sampling, content_text
+from palaestra.types import Messages, Sampling, content_text
 
 DEFAULT_PROMPT = """You are grading a response to a question, given the reference answer.
 
@@ -49,10 +48,6 @@ Does the response give the same answer as the reference? Reply with one word: ye
 FIELDS = ("question", "answer", "response")
 JUDGE_ARGS = ("prompt", "completion", "answer", "parser")
 Key = tuple[str, str, str, str]
-# the judgements a JudgeRubric started for the group it is scoring (with its cache, to tell whose)
-_group: ContextVar[tuple[object, dict[Key, asyncio.Task[float]]]] = ContextVar(
-    "palaestra_judge_group", default=(None, {})
-)
 
 
 class JudgeError(Exception):
@@ -107,7 +102,8 @@ class JudgeRubric(Rubric):
     last assistant reply's text when the parser finds no answer. ``question`` gives the question,
     its arguments bound by name like a reward function's (``lambda question: question`` reads a
     dataset column); by default, the last user message of the prompt. At most
-    ``max_concurrent`` judge requests are in flight; a group's judgements run at once.
+    ``max_concurrent`` judge requests are in flight; a group's judgements run at once (the
+    rubric awaits an async reward function for the whole group together).
     """
 
     def __init__(
@@ -159,34 +155,12 @@ class JudgeRubric(Rubric):
         """Forget every judged value (calls in flight still finish for those waiting on them)."""
         self._cache.values.clear()
 
-    async def score_group(self, rollouts: Sequence[Rollout], examples: Sequence[Example]) -> None:
-        """Start every judgement of the group first, so they run at once; then score as usual
-        (``Rubric`` awaits its reward functions one rollout at a time)."""
-        started: dict[Key, asyncio.Task[float]] = {}
-        if self._func in self.funcs:
-            parser = self._parsers[self.funcs.index(self._func)] or self.parser
-            for rollout, example in zip(rollouts, examples, strict=True):
-                try:
-                    key = self._key({**self._values(rollout, example), "parser": parser})
-                except Exception:  # noqa: BLE001 - the reward function raises it again, recorded
-                    continue
-                if rollout.error is None and isinstance(task := self._start(key), asyncio.Task):
-                    started[key] = task
-        token = _group.set((self._cache, started))  # a failed call is not made again in this group
-        try:
-            await super().score_group(rollouts, examples)
-        finally:
-            _group.reset(token)
-
     def _reward_function(self, name: str, question: Callable[..., Any]) -> Callable[..., Any]:
         """The reward function: it takes what the judge needs plus what ``question`` asks for."""
 
         async def judge(**values: Any) -> float:
             self._cache.judgements += 1
-            key = self._key(values)
-            cache, group = _group.get()
-            started = group.get(key) if cache is self._cache else None
-            value = started if started is not None else self._start(key)
+            value = self._start(self._key(values))
             return value if isinstance(value, float) else await asyncio.shield(value)
 
         judge.__signature__ = _signature(question)  # type: ignore[attr-defined]

@@ -7,13 +7,15 @@ A reward function is a plain or ``async`` function whose parameters are bound by
 A group function, marked with ``@group_reward``, sees the whole group of rollouts of one example
 at once: each argument is then a list (one entry per rollout) and it returns a list of floats.
 
-Weight 0 makes a function a metric: recorded, not part of the reward. A function that raises is
+Functions run one after the other; an ``async`` one is awaited for all rollouts of the group at
+once. Weight 0 makes a function a metric: recorded, not part of the reward. A function that raises is
 recorded as that rollout's error (stage ``scoring``) and its reward is ``None`` — never scored 0.
 A rollout that failed before scoring (model, environment, timeout) is not scored at all.
 """
 
 from __future__ import annotations
 
+import asyncio
 import numbers
 import time
 from collections.abc import Callable, Sequence
@@ -118,9 +120,13 @@ class Rubric:
             if is_group_reward(func):
                 await self._score_group_func(name, binder, rollouts, values, failed)
                 continue
-            for i, rollout in enumerate(rollouts):
+            # the group's rollouts at once: an async function (a judge, a sandbox) waits in parallel
+            results = await asyncio.gather(*(binder.call(v) for v in values), return_exceptions=True)
+            for i, (rollout, result) in enumerate(zip(rollouts, results, strict=True)):
                 try:
-                    rollout.metrics[name] = _as_float(name, await binder.call(values[i]))
+                    if isinstance(result, BaseException):
+                        raise result
+                    rollout.metrics[name] = _as_float(name, result)
                 except Exception as exc:  # noqa: BLE001 - any user error becomes a recorded error
                     failed.setdefault(i, _reward_error(name, exc))
         elapsed = (time.perf_counter() - start) / max(len(rollouts), 1)
