@@ -40,6 +40,7 @@ HANDLED = frozenset(  # fields this module reads itself
 )
 METADATA = frozenset("user metadata store service_tier prompt_cache_key safety_identifier".split())
 DEFAULTS = {"tool_choice": "auto", "parallel_tool_calls": True, "frequency_penalty": 0, "presence_penalty": 0}
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 ERROR_TYPES = {401: "authentication_error", 404: "invalid_request_error", 429: "rate_limit_error"}
 
 
@@ -87,8 +88,8 @@ def parse_request(body: Any, model_names: tuple[str, ...]) -> ChatRequest:
         raise RequestError(404, msg, param="model", code="model_not_found")
 
     tools = _typed(body, "tools", list)
-    if tools is not None and not all(isinstance(t, dict) for t in tools):
-        raise RequestError(400, "'tools' must be a list of objects.", param="tools")
+    for i, tool in enumerate(tools or ()):
+        _tool(i, tool)
     max_tokens = None
     for key in ("max_tokens", "max_completion_tokens"):  # the newer name wins when both are given
         value = _typed(body, key, int)
@@ -156,6 +157,33 @@ def _typed(body: dict[str, Any], key: str, kind: type) -> Any:
         names = {bool: "a boolean", int: "an integer", float: "a number", list: "a list", dict: "an object"}
         raise RequestError(400, f"'{key}' must be {names[kind]}, not {value!r:.50}.", param=key)
     return value
+
+
+def _tool(index: int, tool: Any) -> None:
+    """Refuse a tool the OpenAI API would refuse: a function with a valid name and an object schema."""
+
+    def bad(problem: str) -> RequestError:
+        return RequestError(400, f"tools[{index}]: {problem}", param=f"tools[{index}]")
+
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        raise bad("each tool must be an object with 'type': 'function'.")
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise bad("'function' must be an object.")
+    name = function.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        raise bad(f"function name {name!r:.70} must match {TOOL_NAME.pattern}.")
+    if not isinstance(function.get("description", ""), str):
+        raise bad("'description' must be a string.")
+    parameters = function.get("parameters", {"type": "object"})
+    if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+        raise bad(
+            f"invalid schema for function {name!r}: the parameters must be a JSON schema of type 'object'."
+        )
+    if not isinstance(parameters.get("properties", {}), dict) or not isinstance(
+        parameters.get("required", []), list
+    ):
+        raise bad(f"invalid schema for function {name!r}: 'properties' must be an object, 'required' a list.")
 
 
 def _message(index: int, message: Any) -> dict[str, Any]:
@@ -272,8 +300,12 @@ class ChunkWriter:
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     def end(self, result: dict[str, Any]) -> Iterator[bytes]:
-        """The finish chunk (with any logprobs and token ids), the usage chunk if asked, [DONE]."""
+        """The tool calls if any (one delta, every call whole), the finish chunk (with any logprobs
+        and token ids), the usage chunk if asked, [DONE]."""
         choice = result["choices"][0]
+        calls = choice["message"].get("tool_calls")
+        if calls:
+            yield self.delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
         last = {"finish_reason": choice["finish_reason"], "logprobs": choice["logprobs"]}
         if "token_ids" in choice:
             last["token_ids"] = choice["token_ids"]
@@ -301,6 +333,4 @@ def replay(result: dict[str, Any], *, include_usage: bool = False) -> Iterator[b
         yield writer.delta({"reasoning_content": message["reasoning_content"]})
     for piece in _PIECES.findall(message.get("content") or ""):
         yield writer.delta({"content": piece})
-    if message.get("tool_calls"):
-        yield writer.delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]})
     yield from writer.end(result)

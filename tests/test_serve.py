@@ -258,7 +258,13 @@ BAD_REQUESTS: list[tuple[dict[str, Any], type[openai.APIStatusError], str]] = [
     ({"logprobs": "yes"}, openai.BadRequestError, "'logprobs' must be a boolean"),
     ({"n": 2}, openai.BadRequestError, "'n' must be 1"),
     ({"logprobs": True, "top_logprobs": 3}, openai.BadRequestError, "'top_logprobs' must be 0"),
-    ({"tools": ["add"]}, openai.BadRequestError, "'tools' must be a list of objects"),
+    ({"tools": ["add"]}, openai.BadRequestError, r"tools\[0\]: each tool must be an object"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, openai.BadRequestError, "must match"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
+        openai.BadRequestError,
+        "invalid schema for function 'f'",
+    ),
 ]
 
 
