@@ -46,7 +46,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from palaestra import chat_template
+from palaestra import chat_template, tool_calls
 from palaestra.clients.base import ModelError
 from palaestra.types import ChatChunk, Messages, ModelResponse, Sampling, content_text
 
@@ -79,6 +79,7 @@ class LocalStats:
     cache_evictions: int = 0  # cached prefixes dropped to stay within the budget
     cache_bytes: int = 0  # bytes held by cached prefixes now
     cache_entries: int = 0
+    malformed_tool_calls: int = 0  # ``<tool_call>`` attempts in replies to tool requests that were no call
 
 
 class LocalClient:
@@ -88,7 +89,17 @@ class LocalClient:
     alias of ``default_model.resolve_model`` (``"smollm2"``, the default). ``hf_model`` is the
     ``torch.nn.Module`` itself: a trainer may change its weights in place inside
     ``async with client.paused():`` or through ``update_weights``. ``prefix_cache_bytes`` bounds
-    the KV states kept for reuse across requests (0 turns reuse off).
+    the KV states kept for reuse across requests (0 turns reuse off). ``chat_template`` (Jinja)
+    replaces the tokenizer's own, e.g. to give tools to a model whose template has none.
+
+    Tools: a request with ``tools`` needs a template that takes them (else ``ValueError``); its
+    reply is parsed for Hermes-style ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+    blocks (``palaestra.tool_calls``): the message gets ``tool_calls`` and the content the text
+    around them (stripped), ``finish_reason`` is ``"tool_calls"`` (``"length"`` if cut short),
+    ``token_ids``/``logprobs`` stay those of the whole generated text, and a stream never shows the
+    markup (the special-token tags some tokenizers use are kept in the text). Attempts that are no
+    call stay in the content and count in ``stats.malformed_tool_calls``. Without ``tools`` the
+    text is never parsed.
     """
 
     def __init__(
@@ -104,6 +115,7 @@ class LocalClient:
         max_tokens: int = 1024,
         trust_remote_code: bool = False,
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+        chat_template: str | None = None,
     ) -> None:
         try:
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -119,6 +131,8 @@ class LocalClient:
         torch_dtype = pick_dtype(dtype, torch_device)
         options = {"gguf_file": gguf_file, "trust_remote_code": trust_remote_code}
         tokenizer = AutoTokenizer.from_pretrained(path, **options)
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **options)
         hf_model = hf_model.to(torch_device)  # type: ignore[arg-type]  # a transformers decorator hides .to()'s signature
         self._setup(hf_model, tokenizer, name or str(model), max_batch_size, batch_window, max_tokens,
@@ -174,6 +188,10 @@ class LocalClient:
         if not self.eos_token_ids:
             raise ValueError(f"{name} has no EOS token: replies could never end")
         self.forward_args = set(inspect.signature(hf_model.forward).parameters)
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        self.special_ids = frozenset(i for i, token in added.items() if token.special)
+        tags = {added[i].content: i for i in self.special_ids}  # decoding would drop these tool tags
+        self.tool_tag_ids = frozenset(tags[t] for t in (tool_calls.OPEN, tool_calls.CLOSE) if t in tags)
         self._entropy = random.Random()
         self._engine: Engine = Engine(self, prefix_cache_bytes=prefix_cache_bytes)
 

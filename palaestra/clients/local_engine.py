@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from palaestra import chat_template
+from palaestra import chat_template, tool_calls
 from palaestra.clients.base import ModelError
 from palaestra.clients.local_batch import RowBatch
 from palaestra.clients.local_prefix import KV, PrefixCache
@@ -57,7 +57,7 @@ class Request:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     generator: torch.Generator | None = None
-    shown: int = 0  # characters of the reply already streamed
+    shown: int = 0  # characters of the reply's text already streamed (with tools: up to here)
     sent: int = 0  # tokens already streamed
 
     @property
@@ -323,29 +323,48 @@ class Engine:
         request.logprobs.append(logprob)
         ids, text = request.token_ids, None
         if token in self.client.eos_token_ids:
-            return self._reply(request, self._text(ids[:-1]), "stop")
+            return self._reply(request, self._text(ids[:-1], request), "stop")
         if request.stop or request.queue is not None:
-            text = self._text(ids)
+            text = self._text(ids, request)
             cuts = [i for i in (text.find(s) for s in request.stop) if i >= 0]
             if cuts:
                 return self._reply(request, text[: min(cuts)], "stop")
         if len(ids) >= request.max_tokens:
-            return self._reply(request, self._text(ids) if text is None else text, "length")
+            return self._reply(request, self._text(ids, request) if text is None else text, "length")
         if request.queue is not None and text is not None:
-            end = max(releasable(text, request.stop), request.shown)
+            end = releasable(text, request.stop)
+            if request.tools:  # stream only content: never tool-call markup (nor whitespace it strips)
+                start, end = tool_calls.content_span(text[:end])
+                request.shown = max(request.shown, start)
+            end = max(end, request.shown)
             new = slice(request.sent, None)
             chunk = ChatChunk(text[request.shown : end], ids[new], request.logprobs[new])
             request.shown, request.sent = end, len(ids)
             request.deliver(chunk)
         return False
 
-    def _text(self, ids: list[int]) -> str:
+    def _text(self, ids: list[int], request: Request) -> str:
+        tags = self.client.tool_tag_ids
+        if request.tools and tags:  # the template's <tool_call> tags are special tokens: keep them
+            special = self.client.special_ids - tags
+            kept = [i for i in ids if i not in special]
+            return str(self.client.tokenizer.decode(kept, skip_special_tokens=False))
         return str(self.client.tokenizer.decode(ids, skip_special_tokens=True))
 
     def _reply(self, request: Request, text: str, finish: str) -> bool:
         usage = Usage(prompt_tokens=len(request.prompt_ids), completion_tokens=len(request.token_ids))
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        shown = request.shown
+        if request.tools:  # Hermes tool calls; token_ids and logprobs stay those of the whole text
+            shown = len(text[:shown].lstrip())  # the streamed content: text[:shown] without leading space
+            parsed = tool_calls.parse(text, ended=finish == "stop")
+            message["content"] = text = parsed.content
+            self.client.stats.malformed_tool_calls += parsed.malformed
+            if parsed.tool_calls:
+                message["tool_calls"] = parsed.tool_calls
+                finish = "tool_calls" if finish == "stop" else finish  # cut at max_tokens: still "length"
         reply = ModelResponse(
-            {"role": "assistant", "content": text},
+            message,
             finish,
             usage,
             token_ids=request.token_ids,
@@ -356,9 +375,7 @@ class Engine:
             request.answer(reply)
         else:
             new = slice(request.sent, None)
-            request.answer(
-                ChatChunk(text[request.shown :], request.token_ids[new], request.logprobs[new], reply)
-            )
+            request.answer(ChatChunk(text[shown:], request.token_ids[new], request.logprobs[new], reply))
         return True
 
     def _fail(self, requests: list[Request], error: BaseException) -> None:
