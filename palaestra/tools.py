@@ -17,7 +17,6 @@ import contextvars
 import functools
 import inspect
 import json
-import re
 import typing
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
@@ -27,7 +26,7 @@ from typing import Any
 import docstring_parser
 import pydantic
 
-NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # what the OpenAI API accepts as a function name
+from palaestra.openai_api import TOOL_NAME as NAME  # what the OpenAI API accepts as a function name
 
 
 class ToolDefinitionError(TypeError):
