@@ -45,8 +45,13 @@ def make_rollouts(shift: float = 0.0) -> list[Rollout]:
             )
         )
     tool_chat = [
-        {"role": "assistant", "content": "", "tool_calls": [_call("call_1", "add", '{"a": 2, "b": 3}')]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [_call("call_1", "add", '{"a": 2, "b": 3}'), _call("call_2", "lookup", '{"k": 1')],
+        },  # two calls in one turn, as ToolEnv runs them; the second's arguments are broken
         {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "Error: the arguments are not valid JSON"},
         {"role": "assistant", "content": "The sum is 5."},
     ]
     out.append(_rollout(5, 0, tool_chat, 1.0, "solved", prompt="add 2 and 3"))
@@ -336,10 +341,18 @@ def test_page_filters_and_expands_rollouts_in_chromium(run_a: Path, tmp_path: Pa
             (b.get_attribute("class"), b.get_attribute("textContent"))
             for b in row.find_elements(By.CLASS_NAME, "msg")
         ]
-        assert [c for c, _ in bubbles] == ["msg user", "msg assistant", "msg tool", "msg assistant"]
-        assert row.find_element(By.CLASS_NAME, "toolcall").text.endswith('add({"a": 2, "b": 3})')
+        assert [c for c, _ in bubbles] == [
+            "msg user",
+            "msg assistant",
+            "msg tool",
+            "msg tool",
+            "msg assistant",
+        ]
+        calls = [c.text for c in row.find_elements(By.CLASS_NAME, "toolcall")]
+        assert calls == ['add({"a": 2, "b": 3})', 'lookup({"k": 1)']
         assert bubbles[2][1] == "tool result · add (call_1)5"
-        assert "The sum is 5." in bubbles[3][1]
+        assert bubbles[3][1] == "tool result · lookup (call_2)Error: the arguments are not valid JSON"
+        assert "The sum is 5." in bubbles[4][1]
 
         search.clear()
         search.send_keys("onerror")
