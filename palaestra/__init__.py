@@ -31,6 +31,7 @@ from palaestra.envs import (
     stop,
 )
 from palaestra.eval import EvalRun, RunMetadata, evaluate, load_run
+from palaestra.judge import JudgeError, JudgeRubric
 from palaestra.parsers import Parser, ThinkParser, XMLParser
 from palaestra.registry import (
     EnvironmentArgsError,
@@ -62,14 +63,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BadResponseError", "BindingError", "ChatChunk", "ClientConfigError", "DatasetError", "Environment",
-    "EnvironmentArgsError", "EnvironmentNotFound", "EpisodeError", "ErrorInfo", "EvalRun", "Example", "Final", "Message",
-    "Messages", "ModelClient", "ModelConnectionError", "ModelError", "ModelHTTPError",
-    "ModelResponse", "ModelTimeout", "ModelUnavailable", "MultiTurnEnv", "OpenAIClient", "Parser", "RewardError",
-    "Rollout", "RolloutTimeout", "Rubric", "RubricGroup", "RunMetadata", "RunSpec", "Sampling", "ScriptedClient",
-    "SingleTurnEnv", "State", "StatefulToolEnv", "StreamingClient", "ThinkParser", "Timing", "Tool", "ToolArgumentError",
-    "ToolDefinitionError", "ToolEnv", "TransientModelError", "Turn", "Usage",
-    "XMLParser", "__version__", "content_text", "derive_seed", "evaluate", "group_reward", "installed_environments",
-    "load_environment", "load_run", "stop",
+    "EnvironmentArgsError", "EnvironmentNotFound", "EpisodeError", "ErrorInfo", "EvalRun", "Example", "Final",
+    "JudgeError", "JudgeRubric", "Message", "Messages", "ModelClient", "ModelConnectionError", "ModelError",
+    "ModelHTTPError", "ModelResponse", "ModelTimeout", "ModelUnavailable", "MultiTurnEnv", "OpenAIClient",
+    "Parser", "RewardError", "Rollout", "RolloutTimeout", "Rubric", "RubricGroup", "RunMetadata", "RunSpec",
+    "Sampling", "ScriptedClient", "SingleTurnEnv", "State", "StatefulToolEnv", "StreamingClient",
+    "ThinkParser", "Timing", "Tool", "ToolArgumentError", "ToolDefinitionError", "ToolEnv",
+    "TransientModelError", "Turn", "Usage", "XMLParser", "__version__", "content_text", "derive_seed",
+    "evaluate", "group_reward", "installed_environments", "load_environment", "load_run", "stop",
 ]  # fmt: skip
 
 
