@@ -1,0 +1,106 @@
+"""A small MCP server for tests of ``MCPEnv``, written with the official ``mcp`` SDK.
+
+Tools: ``add(a, b)``, ``echo(text)``, ``fail(message)`` (an ``isError`` result), ``sleep(seconds)``,
+``pid()`` (the server's process id, so a test can find and kill it) and ``picture()`` (an image,
+for non-text content). Run it as
+
+    python -m palaestra.testing.mcp_server --transport stdio
+    python -m palaestra.testing.mcp_server --transport http --port 0
+
+Over HTTP it serves streamable HTTP at ``/mcp`` on 127.0.0.1 and prints ``READY <url>`` once it
+accepts connections; SIGTERM/SIGINT stop it. Over stdio it exits when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import socket
+from collections.abc import Sequence
+
+from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+# a 1x1 transparent PNG
+PIXEL = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+
+
+def build_server(name: str = "palaestra-test") -> MCPServer:
+    """The test server's tools on an SDK ``MCPServer``."""
+    server: MCPServer = MCPServer(name, log_level="WARNING")
+
+    @server.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Return the text unchanged."""
+        return text
+
+    @server.tool()
+    def fail(message: str = "it failed") -> str:
+        """Always fail, with ``message``."""
+        raise ToolError(message)
+
+    @server.tool()
+    async def sleep(seconds: float) -> str:
+        """Wait ``seconds`` seconds, then answer "slept"."""
+        await asyncio.sleep(seconds)
+        return "slept"
+
+    @server.tool()
+    def pid() -> int:
+        """The server's process id."""
+        return os.getpid()
+
+    @server.tool()
+    def picture() -> Image:
+        """A one-pixel PNG."""
+        return Image(data=PIXEL, format="png")
+
+    return server
+
+
+async def serve_http(server: MCPServer, host: str = "127.0.0.1", port: int = 0) -> None:
+    """Serve streamable HTTP until SIGTERM/SIGINT; print ``READY <url>`` once listening."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart may take the same port
+    sock.bind((host, port))
+    port = sock.getsockname()[1]
+    app = server.streamable_http_app(host=host)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+    web = uvicorn.Server(config)  # stops on SIGTERM/SIGINT
+    task = asyncio.create_task(web.serve(sockets=[sock]))
+    while not web.started and not task.done():
+        await asyncio.sleep(0.01)
+    if web.started:
+        print(f"READY http://{host}:{port}/mcp", flush=True)
+    await task
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the test tools over stdio or streamable HTTP."""
+    parser = argparse.ArgumentParser(prog="python -m palaestra.testing.mcp_server", description=__doc__)
+    parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="HTTP port; 0 picks a free one")
+    parser.add_argument("--name", default="palaestra-test")
+    args = parser.parse_args(argv)
+    server = build_server(args.name)
+    if args.transport == "stdio":
+        server.run("stdio")
+    else:
+        asyncio.run(serve_http(server, args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
