@@ -15,7 +15,7 @@ import pytest
 import palaestra as pa
 from palaestra.registry import installed_environments
 
-BUNDLED = ("reverse_text", "double_check", "tictactoe")
+BUNDLED = ("reverse_text", "double_check", "tictactoe", "sql_quiz", "wiki_search")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,6 +36,13 @@ def test_load_reverse_text_with_arguments() -> None:
     assert isinstance(env, pa.SingleTurnEnv)
     assert len(env.examples) == 5
     assert env.examples[0].answer == env.examples[0].prompt[-1]["content"][::-1]
+
+
+def test_load_the_tool_environments() -> None:
+    for name in ("sql_quiz", "wiki_search"):
+        env = pa.load_environment(name)
+        assert isinstance(env, pa.ToolEnv) and env.tools, name
+    assert isinstance(pa.load_environment("sql_quiz", num_examples=2), pa.StatefulToolEnv)
 
 
 def test_load_double_check() -> None:
