@@ -193,14 +193,14 @@ def run_trl(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     from trl import SFTConfig, SFTTrainer
 
     from palaestra.train.batching import step_indices
-    from palaestra.train.data import load_conversations
+    from palaestra.train.data import load_chats
     from palaestra.train.sft import encode_all
     from palaestra.train.tokenize import IGNORE, end_of_turn_ids
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     config = palaestra_config(args, out)
-    examples = encode_all(tokenizer, load_conversations(args.data), config, end_of_turn_ids(tokenizer))
+    examples = encode_all(tokenizer, load_chats(args.data), config, end_of_turn_ids(tokenizer))
     order = [i for step in range(args.steps) for i in step_indices(len(examples), BATCH, 0, step)]
     rows = [{"input_ids": examples[i].input_ids, "labels": examples[i].labels} for i in order]
     dataset = datasets.Dataset.from_list(rows)

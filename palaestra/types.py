@@ -302,6 +302,7 @@ class Rollout:
     error: ErrorInfo | None = None
     timing: Timing = field(default_factory=Timing)
     usage: Usage = field(default_factory=Usage)
+    tools: list[dict[str, Any]] | None = None  # the tool schemas the model was given, if any
 
     @property
     def messages(self) -> Messages:
@@ -354,6 +355,7 @@ _ROLLOUT_FIELDS: dict[str, Any] = {
     "example_id": int, "rollout_index": int, "seed": int, "prompt": list, "completion": list,
     "answer": object, "info": dict, "turns": list, "state": dict, "reward": (*_NUMBER, _OPTIONAL),
     "metrics": dict, "stop_reason": (str, _OPTIONAL), "error": (dict, _OPTIONAL), "timing": dict, "usage": dict,
+    "tools": (list, _OPTIONAL),
 }  # fmt: skip
 _TURN_FIELDS: dict[str, Any] = {
     "index": int, "prompt_messages": int, "finish_reason": (str, _OPTIONAL), "usage": dict, "token_ids": _IDS,

@@ -3,7 +3,8 @@
 Columns: ``example_id``, ``rollout_index``, ``prompt`` and ``completion`` (chat messages),
 ``answer`` and ``info`` (JSON strings, since their types vary from row to row; no answer is
 null), ``reward`` (null for a failed rollout), one
-column per reward function, ``stop_reason`` and ``error`` (``"stage/Type: message"`` or ``""``).
+column per reward function, ``stop_reason``, ``error`` (``"stage/Type: message"`` or ``""``) and
+``tools`` (the tool schemas the model was given, a JSON string; ``""`` for none).
 Messages are normalised to the same keys (``role``, ``content``, ``tool_calls`` as a JSON string,
 ``tool_call_id``) so that Arrow can store a conversation with and without tool calls side by side.
 """
@@ -64,6 +65,7 @@ def rollouts_to_rows(rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
             "reward": r.reward,
             "stop_reason": r.stop_reason or "",
             "error": error,
+            "tools": json.dumps(r.tools) if r.tools else "",
         }
         for name in names:
             row[name] = r.metrics.get(name)

@@ -127,6 +127,7 @@ class MultiTurnEnv(Environment):
             if await self._stopped(rollout, messages, state) or self._at_turn_cap(rollout, state):
                 return
             request = sampling.replace(seed=derive_seed(rollout.seed, state.turn))
+            rollout.tools = self.tools  # what the model was given: SFT renders the same prompt
             t0 = time.perf_counter()
             try:  # a copy: a client that keeps the list must not see later turns appear in it
                 response = await client.chat(list(messages), tools=self.tools, sampling=request)

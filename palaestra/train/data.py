@@ -3,8 +3,9 @@
 A folder is what ``palaestra eval --save-dataset`` and ``palaestra data filter`` write (columns
 ``prompt`` and ``completion``, normalised chat messages; see ``palaestra.data.rollouts``), or any
 ``datasets`` folder with a ``messages`` column. A ``.jsonl`` file has one object a line, either
-``{"messages": [...]}`` or ``{"prompt": [...], "completion": [...]}``. The trainer does not filter:
-keeping the good rollouts is the data step's job.
+``{"messages": [...]}`` or ``{"prompt": [...], "completion": [...]}``. A row's ``tools`` (a list of
+tool schemas, or its JSON string) is rendered into the prompt as when the model was sampled.
+The trainer does not filter: keeping the good rollouts is the data step's job.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from palaestra.data.rollouts import messages_from_row
 from palaestra.types import Messages, content_text
@@ -22,18 +23,30 @@ class DataError(ValueError):
     """SFT data that cannot be read or holds nothing to learn."""
 
 
-def load_conversations(path: str | Path) -> list[Messages]:
-    """Every row of the dataset at ``path`` as a list of chat messages."""
+class Chat(NamedTuple):
+    """One conversation to learn, and the tool schemas its model was given (None: no tools)."""
+
+    messages: Messages
+    tools: list[dict[str, Any]] | None
+
+
+def load_chats(path: str | Path) -> list[Chat]:
+    """Every row of the dataset at ``path``: its chat messages and tools."""
     path = Path(path).expanduser()
     if not path.exists():
         raise DataError(f"data.path: no such dataset folder or JSONL file: {path}")
     rows = list(_jsonl_rows(path) if path.is_file() else _folder_rows(path))
     if not rows:
         raise DataError(f"data.path: {path} has no rows")
-    conversations = [_conversation(row, path, i) for i, row in enumerate(rows)]
-    if not any(m["role"] == "assistant" for c in conversations for m in c):
+    chats = [Chat(_conversation(row, path, i), _tools(row, path, i)) for i, row in enumerate(rows)]
+    if not any(m["role"] == "assistant" for c in chats for m in c.messages):
         raise DataError(f"data.path: {path} has no assistant messages to learn from")
-    return conversations
+    return chats
+
+
+def load_conversations(path: str | Path) -> list[Messages]:
+    """Every row of the dataset at ``path`` as a list of chat messages (tools left out)."""
+    return [chat.messages for chat in load_chats(path)]
 
 
 def message_texts(conversations: Iterable[Messages]) -> list[str]:
@@ -90,6 +103,18 @@ def _conversation(row: Mapping[str, Any], path: Path, index: int) -> Messages:
     if not isinstance(messages, list) or not all(isinstance(m, Mapping) and "role" in m for m in messages):
         raise DataError(f"{path}: row {index}: messages must be a list of chat messages with a 'role'")
     return messages_from_row([_normalised(m) for m in messages])
+
+
+def _tools(row: Mapping[str, Any], path: Path, index: int) -> list[dict[str, Any]] | None:
+    tools = row.get("tools") or None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: row {index}: 'tools' is not valid JSON ({exc.msg})") from None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise DataError(f"{path}: row {index}: 'tools' must be a list of tool schemas")
+    return tools or None
 
 
 def _normalised(message: Mapping[str, Any]) -> dict[str, str]:

@@ -27,7 +27,7 @@ from palaestra.train import checkpoint as ckpt
 from palaestra.train.batching import MicroBatch, micro_batches, step_indices
 from palaestra.train.config import ConfigError, load_config, to_toml
 from palaestra.train.curves import write_curves
-from palaestra.train.data import load_conversations, message_texts
+from palaestra.train.data import Chat, load_chats, message_texts
 from palaestra.train.metrics import MetricsLog, TrainProgress
 from palaestra.train.model import (
     ADAPTER_DIR,
@@ -72,7 +72,7 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
         train.mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
     )
     torch.manual_seed(train.seed)
-    conversations = load_conversations(config.data.path)
+    chats = load_chats(config.data.path)
     model_config = config.model
     if checkpoint is not None and not config.lora.enabled:  # full fine-tuning resumes from saved weights
         model_config = ModelConfig(path=str(checkpoint), attn_implementation=model_config.attn_implementation)
@@ -80,10 +80,10 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
         model_config = ModelConfig(
             path=str(run_dir / BASE_MODEL_DIR), attn_implementation=model_config.attn_implementation
         )
-    model, tokenizer = load_model(model_config, lambda: message_texts(conversations), device=device)
-    examples = encode_all(
-        tokenizer, conversations, config, end_of_turn_ids(tokenizer, model.generation_config)
+    model, tokenizer = load_model(
+        model_config, lambda: message_texts(c.messages for c in chats), device=device
     )
+    examples = encode_all(tokenizer, chats, config, end_of_turn_ids(tokenizer, model.generation_config))
     fingerprint = data_fingerprint(examples)
     if state is not None and state["data_fingerprint"] != fingerprint:
         raise ConfigError(
@@ -226,15 +226,13 @@ def lr_factor(update: int, optim: OptimConfig, total: int) -> float:
     return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def encode_all(
-    tokenizer: Any, conversations: list[Any], config: SFTConfig, end_of_turn: set[int]
-) -> list[Encoded]:
+def encode_all(tokenizer: Any, chats: list[Chat], config: SFTConfig, end_of_turn: set[int]) -> list[Encoded]:
     """Every conversation tokenised and masked; a ``max_length`` that cuts off a prompt is an error."""
     max_length = config.data.max_length
     examples = []
-    for i, messages in enumerate(conversations):
+    for i, (messages, tools) in enumerate(chats):
         try:
-            example = encode(tokenizer, messages, max_length=max_length, end_of_turn=end_of_turn)
+            example = encode(tokenizer, messages, max_length=max_length, end_of_turn=end_of_turn, tools=tools)
         except ValueError as exc:
             raise ConfigError(f"data.path: row {i}: {exc}") from None
         if example.prompt_length >= max_length:

@@ -44,31 +44,46 @@ class Encoded:
         return sum(label != IGNORE for label in self.labels)
 
 
-def token_ids(tokenizer: Any, messages: Messages, *, generation_prompt: bool) -> list[int]:
-    """The ids of ``messages`` rendered by the chat template, as ``LocalClient`` tokenises prompts."""
-    text = chat_template.render(tokenizer, messages, add_generation_prompt=generation_prompt)
+def token_ids(
+    tokenizer: Any, messages: Messages, *, generation_prompt: bool, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """The ids of ``messages`` (and ``tools``) rendered by the chat template, as ``LocalClient``
+    tokenises prompts."""
+    text = chat_template.render(tokenizer, messages, tools=tools, add_generation_prompt=generation_prompt)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def assistant_spans(
-    tokenizer: Any, messages: Messages, end_of_turn: Collection[int]
+    tokenizer: Any,
+    messages: Messages,
+    end_of_turn: Collection[int],
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], list[tuple[int, int]]]:
     """The conversation's ids and the ``[start, stop)`` token span of each assistant turn."""
-    full = token_ids(tokenizer, messages, generation_prompt=False)
+    full = token_ids(tokenizer, messages, generation_prompt=False, tools=tools)
     spans = []
     for i, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        start = len(_prefix(full, token_ids(tokenizer, messages[:i], generation_prompt=True), i, "prompt"))
-        stop = len(_prefix(full, token_ids(tokenizer, messages[: i + 1], generation_prompt=False), i, "turn"))
+        prompt = token_ids(tokenizer, messages[:i], generation_prompt=True, tools=tools)
+        start = len(_prefix(full, prompt, i, "prompt"))
+        turn = token_ids(tokenizer, messages[: i + 1], generation_prompt=False, tools=tools)
+        stop = len(_prefix(full, turn, i, "turn"))
         ends = [j for j in range(start, stop) if full[j] in end_of_turn]
         spans.append((start, ends[-1] + 1 if ends else stop))  # content + end-of-turn token, no more
     return full, spans
 
 
-def encode(tokenizer: Any, messages: Messages, *, max_length: int, end_of_turn: Collection[int]) -> Encoded:
-    """``messages`` as ids and labels, cut at ``max_length`` tokens (the cut is counted)."""
-    full, spans = assistant_spans(tokenizer, messages, end_of_turn)
+def encode(
+    tokenizer: Any,
+    messages: Messages,
+    *,
+    max_length: int,
+    end_of_turn: Collection[int],
+    tools: list[dict[str, Any]] | None = None,
+) -> Encoded:
+    """``messages`` (given ``tools``) as ids and labels, cut at ``max_length`` tokens (the cut is counted)."""
+    full, spans = assistant_spans(tokenizer, messages, end_of_turn, tools)
     if not spans:
         raise ValueError("the conversation has no assistant message to learn")
     labels = [IGNORE] * len(full)
