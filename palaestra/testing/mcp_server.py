@@ -1,8 +1,9 @@
 """A small MCP server for tests of ``MCPEnv``, written with the official ``mcp`` SDK.
 
 Tools: ``add(a, b)``, ``echo(text)``, ``fail(message)`` (an ``isError`` result), ``sleep(seconds)``,
-``pid()`` (the server's process id, so a test can find and kill it) and ``picture()`` (an image,
-for non-text content). Run it as
+``pid()`` (the server's process id, so a test can find and kill it), ``picture()`` (an image, for
+non-text content), ``getenv(name)`` and ``header(name)`` (an HTTP request header; "" over stdio).
+Run it as
 
     python -m palaestra.testing.mcp_server --transport stdio
     python -m palaestra.testing.mcp_server --transport http --port 0
@@ -20,7 +21,7 @@ import os
 import socket
 from collections.abc import Sequence
 
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 # a 1x1 transparent PNG
@@ -63,6 +64,18 @@ def build_server(name: str = "palaestra-test") -> MCPServer:
     def picture() -> Image:
         """A one-pixel PNG."""
         return Image(data=PIXEL, format="png")
+
+    @server.tool()
+    def getenv(name: str) -> str:
+        """The server process's environment variable ``name`` ("" if unset)."""
+        return os.environ.get(name, "")
+
+    @server.tool()
+    def header(name: str, ctx: Context) -> str:
+        """The HTTP request's header ``name`` ("" if absent, or over stdio)."""
+        request = ctx.request_context.request
+        headers = getattr(request, "headers", None)
+        return str(headers.get(name, "")) if headers is not None else ""
 
     return server
 
