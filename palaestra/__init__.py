@@ -75,9 +75,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """``pa.LocalClient`` is imported on first use: it needs torch and transformers (the local extra)."""
+    """``pa.LocalClient`` and ``pa.MCPEnv`` are imported on first use: they need extras (``local``:
+    torch and transformers; ``mcp``: the MCP SDK, imported only when an ``MCPEnv`` is built)."""
     if name in ("LocalClient", "LocalStats"):
         from palaestra.clients import local
 
         return getattr(local, name)
+    if name in ("MCPEnv", "MCPServer", "MCPConnectionError", "MCPToolError"):
+        from palaestra.envs import mcp
+
+        return getattr(mcp, name)
     raise AttributeError(f"module 'palaestra' has no attribute {name!r}")

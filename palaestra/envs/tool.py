@@ -152,10 +152,8 @@ class StatefulToolEnv(ToolEnv):
 
 def _stats(state: State, tools: dict[str, Tool]) -> dict[str, float]:
     """The rollout's tool counters, kept in ``state`` (saved with it), zero for every tool."""
-    stats = state.get("tool_stats")
-    if stats is None:
-        stats = {"tool_calls": 0, "tool_errors": 0}
-        for name in tools:
-            stats.update({f"{name}_calls": 0, f"{name}_errors": 0, f"{name}_seconds": 0.0})
-        state["tool_stats"] = stats
+    stats = state.setdefault("tool_stats", {"tool_calls": 0, "tool_errors": 0})
+    for name in tools:  # also a tool added since (an MCP server's, after a reconnect)
+        for key, zero in ((f"{name}_calls", 0), (f"{name}_errors", 0), (f"{name}_seconds", 0.0)):
+            stats.setdefault(key, zero)
     return stats
