@@ -16,7 +16,10 @@ from typing import Any
 
 CHATML_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
-    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{%- for c in m['tool_calls'] or [] %}"  # Hermes-style calls, as LocalClient parses them back
+    '<tool_call>{"name": {{ c.function.name | tojson }}, "arguments": {{ c.function.arguments | tojson }}}'
+    "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ("<|pad|>", "<|im_start|>", "<|im_end|>")
