@@ -1,7 +1,7 @@
 """Scaffold a new environment package: ``palaestra init NAME`` calls ``create_environment``.
 
-The files come from ``palaestra/templates/``: plain text with ``{{name}}``, ``{{module}}`` and
-``{{package}}`` markers, filled with ``str.replace`` (not ``str.format``, which would trip on the
+The files come from ``palaestra/templates/``: plain text with ``{{name}}``, ``{{module}}``,
+``{{package}}`` and ``{{task}}`` markers, filled with ``str.replace`` (not ``str.format``, which would trip on the
 braces of the Python code inside). The generated package works as generated: its test passes
 before you change anything.
 """
@@ -19,12 +19,25 @@ from pathlib import Path
 
 NAME_PATTERN = re.compile(r"[a-z](?:[a-z0-9_-]*[a-z0-9])?")
 
-# template file -> path in the new package ("{{module}}" is replaced in the path too)
-TEMPLATES = {
-    "pyproject.toml.tmpl": "pyproject.toml",
-    "environment.py.tmpl": "{{module}}.py",
-    "README.md.tmpl": "README.md",
-    "test_environment.py.tmpl": "tests/test_{{module}}_env.py",
+# per kind: template file -> path in the new package ("{{module}}" is replaced in the path too)
+KINDS = {
+    "single": {
+        "pyproject.toml.tmpl": "pyproject.toml",
+        "environment.py.tmpl": "{{module}}.py",
+        "README.md.tmpl": "README.md",
+        "test_environment.py.tmpl": "tests/test_{{module}}_env.py",
+    },
+    "tool": {
+        "pyproject.toml.tmpl": "pyproject.toml",
+        "tool_environment.py.tmpl": "{{module}}.py",
+        "README.md.tmpl": "README.md",
+        "test_tool_environment.py.tmpl": "tests/test_{{module}}_env.py",
+    },
+}
+TEMPLATES = {template: path for kind in KINDS.values() for template, path in kind.items()}  # every file
+TASKS = {  # the README's "{{task}}": what the generated package does
+    "single": "a small single-turn task — name a country's capital —",
+    "tool": "a small tool-using task — look a country up with a tool, then answer —",
 }
 
 
@@ -52,17 +65,20 @@ def environment_names(name: str) -> EnvironmentNames:
     return EnvironmentNames(name=name, module=module, package="palaestra-" + module.replace("_", "-"))
 
 
-def render(template: str, names: EnvironmentNames) -> str:
+def render(template: str, names: EnvironmentNames, kind: str = "single") -> str:
     """The text of ``template`` (a file in ``palaestra/templates``) with its markers filled in."""
     text = resources.files("palaestra").joinpath("templates", template).read_text(encoding="utf-8")
-    return _fill(text, names)
+    return _fill(text, names, kind)
 
 
-def _fill(text: str, names: EnvironmentNames) -> str:
+def _fill(text: str, names: EnvironmentNames, kind: str = "single") -> str:
     for marker, value in (
         ("{{name}}", names.name),
         ("{{module}}", names.module),
         ("{{package}}", names.package),
+        ("{{task}}", TASKS[kind]),
+        ("{{init}}", f"palaestra init {names.name}" + ("" if kind == "single" else f" --kind {kind}")),
+        ("{{arguments}}", "\n| `max_turns` | `4` | model replies per rollout |" if kind == "tool" else ""),
     ):
         text = text.replace(marker, value)
     if "{{" in text:
@@ -70,12 +86,15 @@ def _fill(text: str, names: EnvironmentNames) -> str:
     return text
 
 
-def create_environment(name: str, parent: Path) -> Path:
+def create_environment(name: str, parent: Path, kind: str = "single") -> Path:
     """Create the environment package ``parent/<module>/`` and return its path.
 
-    Raises ``ValueError`` for an invalid name (or one that would shadow an importable module) and
-    ``FileExistsError`` if the folder exists: nothing is ever overwritten.
+    ``kind`` is ``single`` (a single-turn task) or ``tool`` (a ``ToolEnv`` with one tool). Raises
+    ``ValueError`` for an invalid name (or one that would shadow an importable module) or kind,
+    and ``FileExistsError`` if the folder exists: nothing is ever overwritten.
     """
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}: choose one of {', '.join(KINDS)}")
     names = environment_names(name)
     parent = Path(parent)
     target = parent / names.module
@@ -89,7 +108,9 @@ def create_environment(name: str, parent: Path) -> Path:
         )
     if parent.exists() and not parent.is_dir():
         raise NotADirectoryError(f"{parent} is not a directory")
-    files = {_fill(dest, names): render(template, names) for template, dest in TEMPLATES.items()}
+    files = {
+        _fill(dest, names, kind): render(template, names, kind) for template, dest in KINDS[kind].items()
+    }
     parent.mkdir(parents=True, exist_ok=True)
     target.mkdir()  # fails if the folder appeared meanwhile
     try:

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 import palaestra as pa
-from palaestra.scaffold import TEMPLATES, create_environment, environment_names
+from palaestra.scaffold import KINDS, TEMPLATES, create_environment, environment_names
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,6 +52,19 @@ def test_creates_the_package_files(tmp_path: Path) -> None:
     assert "# word-count" in (root / "README.md").read_text()
 
 
+async def test_a_tool_environment_is_generated_with_its_tool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = create_environment("country-tools", tmp_path, "tool")
+    module = import_from(root / "country_tools.py", monkeypatch)
+    env = module.load_environment()
+    assert isinstance(env, pa.ToolEnv) and [t["function"]["name"] for t in env.tools] == ["country_facts"]
+    readme = (root / "README.md").read_text()
+    assert "`palaestra init country-tools --kind tool`" in readme and "| `max_turns` |" in readme
+    with pytest.raises(ValueError, match="unknown kind 'chat': choose one of single, tool"):
+        create_environment("other", tmp_path, "chat")
+
+
 def test_names_with_hyphens_become_modules_with_underscores() -> None:
     names = environment_names("my-env_2")
     assert (names.name, names.module, names.package) == ("my-env_2", "my_env_2", "palaestra-my-env-2")
@@ -78,8 +91,11 @@ async def test_generated_environment_runs_with_a_scripted_client(
     assert all(r.error is None and r.reward == 0.0 for r in wrong)
 
 
-def test_generated_test_passes_as_generated_and_fails_when_the_reward_breaks(tmp_path: Path) -> None:
-    root = create_environment("capitals-quiz", tmp_path)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_generated_test_passes_as_generated_and_fails_when_the_reward_breaks(
+    tmp_path: Path, kind: str
+) -> None:
+    root = create_environment("capitals-quiz", tmp_path, kind)
     test_file = root / "tests" / "test_capitals_quiz_env.py"
     result = run_pytest(test_file)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -92,9 +108,10 @@ def test_generated_test_passes_as_generated_and_fails_when_the_reward_breaks(tmp
     assert "1 failed" in broken.stdout
 
 
-def test_generated_code_is_lint_clean(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_generated_code_is_lint_clean(tmp_path: Path, kind: str) -> None:
     pytest.importorskip("ruff")
-    root = create_environment("lint-me", tmp_path)
+    root = create_environment("lint-me", tmp_path, kind)
     config = str(REPO / "pyproject.toml")
     for command in (["check"], ["format", "--check"]):
         result = subprocess.run(

@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     init = sub.add_parser("init", help="create a new environment package")
     init.add_argument("name")
     init.add_argument("--path", type=Path, default=Path("environments"), help="parent folder")
+    init.add_argument(
+        "--kind",
+        choices=("single", "tool"),
+        default="single",
+        help="single: one reply; tool: a ToolEnv with a tool",
+    )
     init.set_defaults(func=cmd_init)
 
     add_train_parser(sub)
@@ -180,7 +186,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_init(args: argparse.Namespace) -> int:
     from palaestra.scaffold import create_environment
 
-    path = create_environment(args.name, args.path)
+    path = create_environment(args.name, args.path, args.kind)
     print(f"created {path}; install it with: pip install -e {path}")
     return 0
 
