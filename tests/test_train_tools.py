@@ -64,7 +64,9 @@ async def test_sft_renders_the_tools_and_trains_on_the_call_and_the_answer() -> 
     assert '"name": "add"' in prompt and "Add two integers" in prompt  # as LocalClient renders it
     assert "Tools:" not in tokenizer.decode(without.input_ids)
     trained = tokenizer.decode([t for t in with_tools.labels if t != IGNORE])
-    assert trained.startswith('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call><|im_end|>')
+    assert trained.startswith(
+        '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call><|im_end|>'
+    )
     assert trained.endswith("5<|im_end|>") and "tool\n5" not in trained  # the tool's result is not trained
 
 
