@@ -123,9 +123,9 @@ async def test_end_to_end_through_the_openai_api_with_bad_calls() -> None:
 
 async def test_a_wrong_or_missing_final_query_scores_zero() -> None:
     env = sq.load_environment(num_examples=3)
-    answers = iter(["<sql>SELECT name FROM nowhere</sql>", "no tags at all", "<sql>SELECT 12345</sql>"])
-    client = pa.ScriptedClient(lambda: next(answers))
-    rollouts = await env.run(client, pa.RunSpec(max_concurrent=1))
+    replies = ["<sql>SELECT name FROM nowhere</sql>", "no tags at all", "<sql>SELECT 12345</sql>"]
+    answer = {e.prompt[-1]["content"]: reply for e, reply in zip(env.examples, replies, strict=True)}
+    rollouts = await env.run(pa.ScriptedClient(lambda messages: answer[messages[-1]["content"]]))
     assert [r.reward for r in rollouts] == [0.0, 0.0, 0.0]
     assert rollouts[0].state["answer_error"].startswith("OperationalError: no such table")
     assert rollouts[1].state["answer_error"] == "no <sql> query in the final reply"
