@@ -12,7 +12,7 @@ import pytest
 import sql_quiz as sq
 
 import palaestra as pa
-from palaestra.testing import FakeOpenAIServer, FaultPlan
+from palaestra.testing import FakeOpenAIServer
 
 
 def database(seconds: float = 2.0) -> sq.Database:
@@ -134,13 +134,19 @@ async def test_a_wrong_or_missing_final_query_scores_zero() -> None:
 
 async def test_no_connection_is_left_open_after_a_cancelled_run() -> None:
     env = sq.load_environment(num_examples=4)
-    hang = FaultPlan([None] * 8 + [{"fault": "hang"}] * 8, cycle=False)  # every second turn hangs
-    async with FakeOpenAIServer(reply_for(env), faults=hang) as server:
+    first_turn = reply_for(env)
+
+    def reply(body: dict[str, Any]) -> Any:  # every second turn hangs, whatever order requests arrive in
+        answered = any(m["role"] == "assistant" for m in body["messages"])
+        return {"fault": "hang"} if answered else first_turn(body)
+
+    async with FakeOpenAIServer(reply) as server:
         client = pa.OpenAIClient(server.model, base_url=server.base_url, max_retries=0)
         async with client:
             task = asyncio.create_task(env.run(client, pa.RunSpec(rollouts_per_example=2)))
-            while server.request_count < 16:  # every rollout holds its database, waiting on the model
-                await asyncio.sleep(0.01)
+            async with asyncio.timeout(30):
+                while server.request_count < 16:  # every rollout holds its database, waiting on the model
+                    await asyncio.sleep(0.01)
             assert env.open_connections == 8
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
