@@ -228,6 +228,60 @@ async def test_rewards_and_metrics_of_a_win_a_draw_and_a_loss() -> None:
     }  # fmt: skip
 
 
+def always_taken(messages: pa.Messages, rng: random.Random) -> str:
+    """A model that stalls: every reply names an occupied cell (or none, on an empty board)."""
+    board = ttt.players.board_from_messages(messages)
+    taken = [i for i, c in enumerate(board) if c != "."]
+    return f"<think>t</think><move>{taken[0] if taken else 'x'}</move>"
+
+
+def one_invalid_then(player: Policy) -> Policy:
+    return replies_then(lambda board: "<think>t</think><move>9</move>", player)
+
+
+async def test_talk_rewards_make_every_invalid_move_after_the_first_free() -> None:
+    """The spec's default: stalling to the cap scores what a legal loss with one invalid move does."""
+    env = ttt.load_environment(num_examples=20, opponent="optimal")
+    stall = await play_example(env, always_taken, 0)
+    assert stall.state["outcome"] == "unfinished" and stall.metrics["invalid_moves"] == 8
+    assert stall.metrics["invalid_move_penalty"] == -0.1 and stall.metrics["win_reward"] == 0.0
+    loss = await play_example(env, one_invalid_then(ttt.random_player), 0)
+    assert loss.state["outcome"] == "loss" and loss.metrics["invalid_moves"] == 1
+    assert stall.reward == pytest.approx(loss.reward) == pytest.approx(0.1)
+
+
+async def test_strict_rewards_charge_every_invalid_move_and_an_unfinished_game() -> None:
+    env = ttt.load_environment(num_examples=20, opponent="optimal", rewards="strict")
+    stall = await play_example(env, always_taken, 0)
+    assert stall.metrics["invalid_move_penalty"] == pytest.approx(-0.8)
+    assert stall.metrics["win_reward"] == -0.5 and stall.reward == pytest.approx(-0.5 + 0.2 - 0.8)
+    loss = await play_example(env, one_invalid_then(ttt.random_player), 0)
+    assert loss.reward == pytest.approx(0.2 - 0.1)
+    legal_loss = await play_example(env, ttt.random_player, 0)
+    assert legal_loss.state["outcome"] == "loss" and legal_loss.reward == pytest.approx(0.2)
+    assert stall.reward < loss.reward < legal_loss.reward  # every invalid move costs; stalling most
+    draw = await play_example(env, ttt.optimal_player, 0)
+    assert draw.reward == pytest.approx(0.7)  # a clean game scores as under the talk's rules
+
+
+async def test_reward_numbers_can_be_set_and_are_checked() -> None:
+    env = ttt.load_environment(
+        num_examples=4, opponent="optimal", rewards="strict", invalid_move_penalty=0.25, unfinished_reward=-1
+    )
+    stall = await play_example(env, always_taken, 0)
+    assert stall.metrics["invalid_move_penalty"] == pytest.approx(-2.0) and stall.metrics["win_reward"] == -1
+    flat = ttt.load_environment(num_examples=4, opponent="optimal", invalid_move_penalty=0.3)
+    assert (await play_example(flat, always_taken, 0)).metrics["invalid_move_penalty"] == pytest.approx(-0.3)
+    for bad, match in (
+        ({"rewards": "lenient"}, "rewards must be one of talk, strict"),
+        ({"invalid_move_penalty": -0.1}, "invalid_move_penalty must be a number in"),
+        ({"unfinished_reward": float("nan")}, "unfinished_reward must be a number"),
+        ({"unfinished_reward": True}, "unfinished_reward must be a number"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            ttt.load_environment(num_examples=4, **bad)
+
+
 async def test_format_is_the_share_of_replies_with_think_then_move() -> None:
     env = ttt.load_environment(num_examples=6, opponent="optimal")
 

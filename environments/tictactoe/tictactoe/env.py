@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import palaestra as pa
@@ -31,7 +32,7 @@ from tictactoe.protocol import (
     system_prompt,
     turn_message,
 )
-from tictactoe.rubric import make_rubric
+from tictactoe.rubric import REWARD_RULES, RewardRules, make_rubric
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -176,11 +177,17 @@ def load_environment(
     seed: int = 0,
     opponent: str | None = None,
     variant: str = "standard",
+    rewards: str = "talk",
+    invalid_move_penalty: float | None = None,
+    unfinished_reward: float | None = None,
 ) -> TicTacToeEnv:
     """The tic-tac-toe environment (see the README for every argument).
 
     ``min/max_random_move_prob`` default to 0.0/1.0 (``talk_v1``: 1.0/1.0, a random opponent);
-    ``opponent="optimal"`` or ``"random"`` sets both to 0.0 or 1.0.
+    ``opponent="optimal"`` or ``"random"`` sets both to 0.0 or 1.0. ``rewards`` names the rules for
+    invalid moves and unfinished games (``"talk"``: −0.1 once per game, unfinished 0; ``"strict"``:
+    −0.1 per invalid reply, unfinished −0.5); ``invalid_move_penalty`` and ``unfinished_reward``
+    change their numbers.
     """
     check_int("num_examples", num_examples, minimum=1)
     check_int("max_turns", max_turns, minimum=1)
@@ -189,6 +196,8 @@ def load_environment(
     if num_groups > num_examples:
         raise ValueError(f"num_groups ({num_groups}) cannot exceed num_examples ({num_examples})")
     check_choice("variant", variant, VARIANTS)
+    check_choice("rewards", rewards, tuple(REWARD_RULES))
+    rules_of_reward = _reward_rules(rewards, invalid_move_penalty, unfinished_reward)
     rules: Variant = "talk_v1" if variant == "talk_v1" else "standard"
     low, high = _random_move_range(opponent, min_random_move_prob, max_random_move_prob, rules)
     parser = pa.XMLParser(["move"] if rules == "talk_v1" else ["think", "move"], answer_field="move")
@@ -204,10 +213,21 @@ def load_environment(
         dataset=rows,
         system_prompt=system_prompt(rules),
         parser=parser,
-        rubric=make_rubric(rules, parser),
+        rubric=make_rubric(rules, parser, rules_of_reward),
         max_turns=max_turns,
         variant=rules,
     )
+
+
+def _reward_rules(name: str, penalty: float | None, unfinished_value: float | None) -> RewardRules:
+    rules = REWARD_RULES[name]
+    if penalty is not None:
+        check_number("invalid_move_penalty", penalty, low=0.0, high=10.0)
+        rules = replace(rules, invalid_move_penalty=float(penalty))
+    if unfinished_value is not None:
+        check_number("unfinished_reward", unfinished_value, low=-10.0, high=1.0)
+        rules = replace(rules, unfinished_reward=float(unfinished_value))
+    return rules
 
 
 def _random_move_range(

@@ -1,30 +1,78 @@
 """Rewards and metrics. Each reads the game's result from ``state``, which the env keeps.
 
-Rewards (the spec's defaults): ``win_reward`` 1.0 (1 win, 0.5 draw, 0 loss or unfinished),
-``format_reward`` 0.2 (share of replies in the format), ``invalid_move_penalty`` 1.0 (−0.1 flat
-if the game had any invalid move). The talk's first version scores win + 0.2 × format only.
+Rewards: ``win_reward`` 1.0 (1 win, 0.5 draw, 0 loss, and an unfinished game's value),
+``format_reward`` 0.2 (share of replies in the format), ``invalid_move_penalty`` 1.0. Two named
+sets of rules (``REWARD_RULES``) fix the penalty and the unfinished game's value:
+
+- ``talk`` (the spec's default): −0.1 once if the game had any invalid move, however many; an
+  unfinished game scores 0, like a loss.
+- ``strict``: −0.1 for **every** invalid reply, and an unfinished game scores −0.5, below a loss.
+
+Under ``talk`` an invalid reply leaves the board and the opponent where they were, so once a game
+has one invalid move, stalling to the turn cap costs nothing more than losing: both score 0.1
+(0.2 × format) against an optimal opponent. ``strict`` makes stalling for eight replies
+−0.5 − 0.8 + 0.2 × format ≈ −1.1, against 0.2 for a legal loss, so RL cannot buy a lower loss
+rate with invalid moves. The talk's first version scores win + 0.2 × format only.
+
 Metrics (weight 0, so an eval summary shows them as rates and means): ``won``, ``drew``,
 ``lost``, ``unfinished``, ``invalid_moves``, ``had_invalid_move``, ``turns``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import palaestra as pa
 from tictactoe.protocol import Variant
 
 WIN_VALUES = {"win": 1.0, "draw": 0.5, "loss": 0.0, "unfinished": 0.0}
+RewardsName = Literal["talk", "strict"]
 
 
-def win_reward(state: dict[str, Any]) -> float:
-    """1 for a win, 0.5 for a draw, 0 for a loss or a game cut off by the turn cap."""
-    return WIN_VALUES[state["outcome"]]
+@dataclass(frozen=True)
+class RewardRules:
+    """How invalid moves and unfinished games are scored."""
+
+    invalid_move_penalty: float = 0.1  # the size of the penalty (subtracted)
+    per_move: bool = False  # False: once per game that had an invalid move; True: per invalid reply
+    unfinished_reward: float = 0.0  # win_reward of a game cut off by the turn cap
 
 
-def invalid_move_penalty(state: dict[str, Any]) -> float:
-    """−0.1 if any reply was an invalid move, else 0: flat, however many there were."""
-    return -0.1 if state["invalid_moves"] else 0.0
+REWARD_RULES: dict[str, RewardRules] = {
+    "talk": RewardRules(),
+    "strict": RewardRules(per_move=True, unfinished_reward=-0.5),
+}
+
+
+def outcome_reward(unfinished_value: float = 0.0) -> Callable[[dict[str, Any]], float]:
+    """``win_reward``: 1 for a win, 0.5 for a draw, 0 for a loss, ``unfinished_value`` for a game cut off."""
+    values = {**WIN_VALUES, "unfinished": unfinished_value}
+
+    def win_reward(state: dict[str, Any]) -> float:
+        return values[state["outcome"]]
+
+    win_reward.__doc__ = f"1 win, 0.5 draw, 0 loss, {unfinished_value:g} for a game cut off by the turn cap."
+    return win_reward
+
+
+def invalid_penalty(size: float = 0.1, *, per_move: bool = False) -> Callable[[dict[str, Any]], float]:
+    """``invalid_move_penalty``: −``size`` per invalid reply (``per_move``) or once per game that had one."""
+
+    def invalid_move_penalty(state: dict[str, Any]) -> float:
+        if per_move:
+            return -size * state["invalid_moves"]
+        return -size if state["invalid_moves"] else 0.0
+
+    invalid_move_penalty.__doc__ = (
+        f"−{size:g} per invalid reply." if per_move else f"−{size:g} if any reply was an invalid move (flat)."
+    )
+    return invalid_move_penalty
+
+
+win_reward = outcome_reward()
+invalid_move_penalty = invalid_penalty()
 
 
 def format_reward(completion: pa.Messages, parser: pa.XMLParser) -> float:
@@ -70,13 +118,15 @@ def turns(completion: pa.Messages) -> float:
     return float(sum(isinstance(m, dict) and m.get("role") == "assistant" for m in completion))
 
 
-def make_rubric(variant: Variant, parser: pa.XMLParser) -> pa.Rubric:
-    """The rubric of ``variant``: its weighted rewards, then the metrics."""
+def make_rubric(
+    variant: Variant, parser: pa.XMLParser, rules: RewardRules = REWARD_RULES["talk"]
+) -> pa.Rubric:
+    """The rubric of ``variant`` under ``rules``: its weighted rewards, then the metrics."""
     rubric = pa.Rubric(parser=parser)
-    rubric.add(win_reward, 1.0)
+    rubric.add(outcome_reward(rules.unfinished_reward), 1.0)
     rubric.add(format_reward, 0.2)
     if variant == "standard":
-        rubric.add(invalid_move_penalty, 1.0)
+        rubric.add(invalid_penalty(rules.invalid_move_penalty, per_move=rules.per_move), 1.0)
     for metric in (won, drew, lost, unfinished, invalid_moves, had_invalid_move, turns):
         rubric.add(metric, 0.0)
     return rubric
