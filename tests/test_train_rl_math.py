@@ -147,6 +147,29 @@ def test_micro_batches_sum_to_the_whole_batch(name: str) -> None:
     assert float(parts) == pytest.approx(float(whole))
 
 
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_a_rollout_split_into_turns_weighs_as_one_rollout(name: str) -> None:
+    """A rollout whose turns do not chain becomes one row per turn; it must weigh what the same
+    tokens chained into one row weigh, and the batch's normaliser counts rollouts, not rows."""
+    from palaestra.train.policy_update import _padded
+
+    chained = TokenSequence([0] * 60, [False] * 20 + [True] * 40, [0.0] * 60, 1.0, 0)
+    split = [TokenSequence([0] * 30, [False] * 20 + [True] * 10, [0.0] * 30, -1.0, 1) for _ in range(4)]
+    as_one = TokenSequence([0] * 60, [False] * 20 + [True] * 40, [0.0] * 60, -1.0, 1)
+    _, normalizer = LOSSES[name]
+
+    def per_rollout(rows: list[TokenSequence]) -> list[float]:
+        mask = _padded([s.mask[1:] for s in rows], False, torch.bool)
+        ids = torch.tensor([s.rollout for s in rows])
+        w = token_weights(mask, normalizer, max_tokens=48, rollouts=ids).sum(1)
+        return [float(w[ids == i].sum()) for i in (0, 1)]
+
+    split_weights, chained_weights = per_rollout([chained, *split]), per_rollout([chained, as_one])
+    assert split_weights == pytest.approx(chained_weights)
+    if normalizer == "sequence":  # GRPO: a mean over rollouts, each the mean over its own tokens
+        assert split_weights == pytest.approx([0.5, 0.5])
+
+
 def test_unknown_loss_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown loss 'ppo'; choose from grpo"):
         compute_loss(batch("token"), LossConfig("ppo"))

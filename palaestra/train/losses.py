@@ -9,9 +9,9 @@ How the per-token terms are averaged is the other half of each method, and it mu
 over a whole batch however it is cut into micro-batches: ``token_weights`` gives every trained
 token its weight from the whole batch's mask, and a loss returns −Σ weight × objective.
 
-- ``grpo`` — clipped ratio min(r·A, clip(r, 1−ε, 1+ε)·A), mean over each sequence's tokens, then
-  over sequences (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
-- ``dr_grpo`` — the same clipped objective over a constant normaliser, sequences × max tokens, so
+- ``grpo`` — clipped ratio min(r·A, clip(r, 1−ε, 1+ε)·A), mean over each rollout's tokens, then
+  over rollouts (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
+- ``dr_grpo`` — the same clipped objective over a constant normaliser, rollouts × max tokens, so
   long and short replies weigh alike per token (Liu et al. 2025, arXiv:2503.20783); pair it with
   advantages not divided by the group's std.
 - ``dapo`` — clip-higher (ε_low 0.2, ε_high 0.28) and a token-level mean over the batch
@@ -71,20 +71,33 @@ class LossConfig:
     max_tokens: int = 256  # dr_grpo's constant normaliser: tokens per sequence
 
 
-def token_weights(mask: torch.Tensor, normalizer: Normalizer, *, max_tokens: int = 1) -> torch.Tensor:
+def token_weights(
+    mask: torch.Tensor, normalizer: Normalizer, *, max_tokens: int = 1, rollouts: torch.Tensor | None = None
+) -> torch.Tensor:
     """Each trained token's weight in the batch loss, from the *whole batch's* ``mask`` [B, T].
 
-    ``sequence``: 1 / (tokens of its sequence × sequences); ``token``: 1 / tokens in the batch;
-    ``constant``: 1 / (sequences × ``max_tokens``).
+    ``rollouts`` [B] says which rollout each row came from (a rollout whose turns do not chain is
+    several rows); without it every row is a rollout of its own. A rollout weighs the same however
+    many rows it was cut into:
+
+    ``sequence``: 1 / (trained tokens of its rollout × rollouts); ``token``: 1 / tokens in the
+    batch; ``constant``: 1 / (rollouts × ``max_tokens``).
     """
     m = mask.float()
-    sequences = max(int(mask.any(dim=1).sum()), 1)
+    if rollouts is None:
+        rollouts = torch.arange(mask.shape[0])
+    trained = mask.any(dim=1)
+    count = max(int(torch.unique(rollouts[trained]).numel()), 1)
     if normalizer == "sequence":
-        return m / m.sum(dim=1, keepdim=True).clamp(min=1) / sequences
+        per_row = m.sum(dim=1)
+        per_rollout = torch.zeros(int(rollouts.max()) + 1 if rollouts.numel() else 1).index_add_(
+            0, rollouts, per_row
+        )
+        return m / per_rollout[rollouts].clamp(min=1)[:, None] / count
     if normalizer == "token":
         return m / m.sum().clamp(min=1)
     if normalizer == "constant":
-        return m / (sequences * max_tokens)
+        return m / (count * max_tokens)
     raise ValueError(f"unknown normalizer {normalizer!r}")
 
 

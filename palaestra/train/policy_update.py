@@ -100,7 +100,10 @@ def policy_update(
     """
     _, normalizer = LOSSES[loss_config.name]
     targets_mask = _padded([s.mask[1:] for s in sequences], False, torch.bool)  # position t predicts t + 1
-    weights_all = token_weights(targets_mask, normalizer, max_tokens=loss_config.max_tokens)
+    rollouts = torch.tensor([s.rollout for s in sequences], dtype=torch.long)
+    weights_all = token_weights(
+        targets_mask, normalizer, max_tokens=loss_config.max_tokens, rollouts=rollouts
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     groups = micro_batch_indices(sequences, micro_batch_tokens)
     stats = UpdateStats(0.0, 0.0, int(targets_mask.sum()), 0.0, 0.0, 0.0, None)
