@@ -330,19 +330,28 @@ def test_yank_then_pip_skips_it_unless_pinned(
     assert version(fresh, HELPER) == "0.1.0"
     done = palaestra("install", "echo", "--python", python, "--no-deps", env=hub["env"])
     command = shlex.split(done.stdout.strip().removeprefix("ran: "))
-    assert command[:5] == [python, "-m", "pip", "install", "--no-deps"]
+    assert command[:6] == [f"PIP_CONFIG_FILE={os.devnull}", python, "-m", "pip", "install", "--isolated"]
     assert version(fresh) == "0.1.0"
 
-    # --dry-run: the hub's packages pinned from the hub only, then the other dependencies only
+    # --dry-run: the hub's files pinned by URL and sha256, by a pip that reads no configuration;
+    # then the other dependencies from pip's own index, with the hub's files named again
     done = palaestra("install", "echo", "--python", python, "--dry-run", env=hub["env"])
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("would run: ") for line in lines), lines
     first, second = (shlex.split(line.removeprefix("would run: ")) for line in lines)
-    assert first[:7] == [python, "-m", "pip", "install", "--no-deps", "--index-url", index]
-    assert sorted(first[7:]) == [f"{ECHO}==0.1.0", f"{HELPER}==0.1.0"]
-    assert second[:4] == [python, "-m", "pip", "install"]
-    assert sorted(second[4:]) == ["palaestra", "rich>=13"]
-    assert "--index-url" not in second
+    pins = sorted(
+        f"{name} @ {hub['url']}files/{name}/{name.replace('-', '_')}-0.1.0-py3-none-any.whl#sha256="
+        + next(
+            f["hashes"]["sha256"]
+            for f in simple_files(hub["url"], name)
+            if f["filename"].endswith("0.1.0-py3-none-any.whl")
+        )
+        for name in (ECHO, HELPER)
+    )
+    assert first[:6] == [f"PIP_CONFIG_FILE={os.devnull}", python, "-m", "pip", "install", "--isolated"]
+    assert "--no-index" in first and sorted(first[-2:]) == pins
+    assert second[:6] == [python, "-m", "pip", "install", "palaestra", "rich>=13"]
+    assert sorted(second[6:]) == pins and "--isolated" not in second
 
 
 # 2. every bundled environment publishes as it is

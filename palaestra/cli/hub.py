@@ -175,14 +175,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    import shlex
-
     from palaestra.hub.client import hub_url, install
 
     commands = install(hub_url(args.hub), args.requirement, python=args.python, no_deps=args.no_deps,
                        dry_run=args.dry_run)  # fmt: skip
     for command in commands:
-        print(("would run: " if args.dry_run else "ran: ") + shlex.join(command))
+        print(("would run: " if args.dry_run else "ran: ") + str(command))
     return 0
 
 
