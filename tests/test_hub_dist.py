@@ -270,6 +270,9 @@ INFO = "palaestra_env_demo-0.2.0.dist-info"
         ),
         pytest.param(wheel_members(name="demo"), ["'palaestra-env-demo'"], id="metadata-name-without-prefix"),
         pytest.param(wheel_members(version="zero"), ["Invalid version: 'zero'"], id="invalid-version"),
+        pytest.param(
+            wheel_members(version="9" * 5000), ["METADATA: Exceeds the limit"], id="version-too-long"
+        ),
         pytest.param(_members(lambda m: m.update({"../evil.py": ""})), ["'../evil.py'", "'..'"], id="dotdot"),
         pytest.param(
             _members(lambda m: m.update({"/etc/evil": ""})), ["'/etc/evil'", "absolute"], id="absolute"
@@ -303,9 +306,12 @@ def test_wheel_with_a_flipped_byte(tmp_path: Path) -> None:
     refused(path, "not a valid wheel: corrupt member demo/__init__.py", "CRC")
 
 
-def test_member_too_large_to_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dist, "MAX_MEMBER_SIZE", 100)
-    refused(write_wheel(tmp_path / WHEEL_NAME, wheel_members()), f"member {INFO}/METADATA is larger than")
+def test_member_too_large_to_read(tmp_path: Path) -> None:
+    path = write_wheel(tmp_path / WHEEL_NAME, wheel_members())
+    with pytest.raises(
+        DistError, match=f"member {INFO}/METADATA is 1.. bytes decompressed; the hub takes at most 100"
+    ):
+        inspect_dist(path, limits=dist.Limits(member_bytes=100))
 
 
 @pytest.mark.parametrize(
@@ -318,6 +324,12 @@ def test_member_too_large_to_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         ("demo.whl", "invalid wheel file name"),
         ("palaestra_env_demo.tar.gz", "invalid sdist file name"),
         ("demo_env-0.2.0-py3-none-any.whl", "'palaestra-env-demo-env'"),
+        # a tag may be any string to packaging: the hub takes only what a file name is made of
+        ("palaestra_env_demo-0.2.0-py3-none-<img src=x>.whl", "not a plain file name"),
+        ("palaestra_env_demo-0.2.0-py3-none-a\x00.whl", "not a plain file name"),
+        ("palaestra_env_demo-0.2.0-py3-none-\udcff.whl", "not a plain file name"),
+        ("palaestra_env_demo-0.2.0-py3-none-\u00e9.whl", "not a plain file name"),
+        ("palaestra_env_demo-0.2.0-py3-none-" + "a" * 250 + ".whl", "in at most 240 characters"),
     ],
 )
 def test_bad_filenames(tmp_path: Path, filename: str, fragment: str) -> None:

@@ -4,47 +4,50 @@ The hub serves environment packages: projects named ``palaestra-env-*`` that exp
 ``palaestra.environments`` entry point. ``inspect_dist`` checks that an upload is an intact archive,
 safe to unpack, whose core metadata agrees with its filename and which declares an environment,
 and returns what the hub's catalog and pages need. Every refusal is one ``DistError`` whose message
-tells the uploader what to fix. Nothing is extracted, and no member is read into memory beyond
-``MAX_MEMBER_SIZE``, so a hostile archive (a zip bomb, a huge member) cannot exhaust memory.
+tells the uploader what to fix. Nothing is extracted, and the archive is read within ``Limits``
+(``palaestra.hub.archive``), so a hostile archive (a zip or gzip bomb, a huge member, millions of
+members) costs the hub a bounded amount of memory and time.
 """
 
 from __future__ import annotations
 
 import configparser
-import gzip
 import hashlib
 import posixpath
 import re
 import tarfile
 import tomllib
-import zipfile
-import zlib
 from dataclasses import dataclass, field
 from email.parser import Parser
 from email.policy import compat32
 from importlib.metadata import EntryPoint
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
-from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
-    canonicalize_name,
-    parse_sdist_filename,
-    parse_wheel_filename,
-)
-from packaging.version import InvalidVersion, Version
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.version import Version
+
+from palaestra.hub.archive import DistError, Limits, read_sdist, read_wheel
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DistError",
+    "DistInfo",
+    "Limits",
+    "check_project_name",
+    "inspect_dist",
+    "normalize",
+]
 
 PREFIX = "palaestra-env-"
 ENTRY_POINT_GROUP = "palaestra.environments"
-MAX_MEMBER_SIZE = 50 * 1024 * 1024  # the most bytes of one member read into memory
+DEFAULT_LIMITS = Limits()
+MAX_FILENAME = 240  # a file name on disk, with ".metadata" after it, stays under 255 bytes
 _CHUNK = 1024 * 1024
+# what the names of wheels and sdists are made of (PEP 427, PEP 625): a name outside it is refused
+_FILENAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]*")
 _PEP508_NAME = re.compile(r"[A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9]", re.IGNORECASE)
 _HOW_TO_DECLARE = f'add [project.entry-points."{ENTRY_POINT_GROUP}"] to pyproject.toml'
-
-
-class DistError(ValueError):
-    """An uploaded file is not a valid environment distribution; the message says why, for the uploader."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def check_project_name(name: str) -> str:
     )
 
 
-def inspect_dist(path: Path, *, filename: str | None = None) -> DistInfo:
+def inspect_dist(path: Path, *, filename: str | None = None, limits: Limits = DEFAULT_LIMITS) -> DistInfo:
     """Validate the wheel or sdist at ``path`` (uploaded as ``filename``) and read what the hub needs."""
     filename = path.name if filename is None else filename
     kind: Literal["wheel", "sdist"]
@@ -97,15 +100,22 @@ def inspect_dist(path: Path, *, filename: str | None = None) -> DistInfo:
     elif filename.endswith(".tar.gz"):
         kind = "sdist"
     else:
-        raise DistError(f"{filename!r}: only wheels (.whl) and sdists (.tar.gz) can be uploaded")
-    if not filename or "/" in filename or "\\" in filename or filename.startswith("."):
-        raise DistError(f"{filename!r} is not a plain file name")
+        raise DistError(
+            f"{filename[:MAX_FILENAME]!r}: only wheels (.whl) and sdists (.tar.gz) can be uploaded"
+        )
+    if not _FILENAME.fullmatch(filename) or len(filename) > MAX_FILENAME:
+        raise DistError(
+            f"{filename[:MAX_FILENAME]!r} is not a plain file name: a wheel or sdist is named with letters, "
+            f"digits and ._+!- only, in at most {MAX_FILENAME} characters"
+        )
     try:
         if kind == "wheel":
             file_name, file_version = parse_wheel_filename(filename)[:2]
         else:
             file_name, file_version = parse_sdist_filename(filename)
-    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion) as exc:
+    except (
+        ValueError
+    ) as exc:  # InvalidWheelFilename, InvalidSdistFilename, InvalidVersion, int() of 5000 digits
         raise DistError(f"invalid {kind} file name: {exc}") from exc
     check_project_name(file_name)
 
@@ -117,9 +127,9 @@ def inspect_dist(path: Path, *, filename: str | None = None) -> DistInfo:
 
     eval_defaults: dict[str, Any] = {}
     if kind == "wheel":
-        metadata, environments = _read_wheel(path)
+        metadata, environments = _read_wheel(path, limits)
     else:
-        metadata, environments, eval_defaults = _read_sdist(path)
+        metadata, environments, eval_defaults = _read_sdist(path, limits)
     fields = _parse_metadata(metadata, "METADATA" if kind == "wheel" else "PKG-INFO")
     if canonicalize_name(fields["name"]) != file_name or Version(fields["version"]) != file_version:
         raise DistError(
@@ -148,12 +158,6 @@ def _member_parts(name: str, kind: str) -> list[str]:
     return parts
 
 
-def _read_capped(f: IO[bytes], name: str, size: int) -> bytes:
-    if size > MAX_MEMBER_SIZE:
-        raise DistError(f"member {name} is larger than {MAX_MEMBER_SIZE // 2**20} MiB")
-    return f.read(MAX_MEMBER_SIZE + 1)
-
-
 def _environments(entries: dict[str, Any], where: str) -> tuple[str, ...]:
     """The sorted entry point names of the environments group; DistError unless well-formed and non-empty."""
     if not entries:
@@ -176,40 +180,34 @@ class _EntryPointsParser(configparser.ConfigParser):
         return optionstr
 
 
-def _read_wheel(path: Path) -> tuple[bytes, tuple[str, ...]]:
+def _small(kept: dict[str, bytes], limits: Limits) -> dict[str, bytes]:
+    """``kept``, unless a file the hub parses and stores is over ``limits.metadata_bytes``."""
+    for name, content in kept.items():
+        if len(content) > limits.metadata_bytes:
+            raise DistError(
+                f"{name} is {len(content)} bytes; the hub reads at most {limits.metadata_bytes} (a long README?)"
+            )
+    return kept
+
+
+def _read_wheel(path: Path, limits: Limits) -> tuple[bytes, tuple[str, ...]]:
     """The wheel's METADATA and environment names, after checking every member's path and CRC."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            infos = zf.infolist()
-            tops = {_member_parts(info.filename, "wheel")[0] for info in infos}
-            if len({info.filename for info in infos}) != len(infos):
-                raise DistError("not a valid wheel: some member names occur twice")
-            for info in infos:  # what ZipFile.testzip does, keeping the reason a member is bad
-                try:
-                    with zf.open(info) as f:
-                        while f.read(_CHUNK):
-                            pass
-                except zipfile.BadZipFile as exc:
-                    raise DistError(f"not a valid wheel: corrupt member {info.filename} ({exc})") from exc
-            dist_infos = sorted(top for top in tops if top.endswith(".dist-info"))
-            if len(dist_infos) != 1:
-                raise DistError(
-                    f"a wheel must have exactly one top-level *.dist-info folder, not {dist_infos}"
-                )
-            names = set(zf.namelist())
+    dist_info = ""
 
-            def read(member: str) -> bytes | None:
-                if member not in names:
-                    return None
-                with zf.open(member) as f:
-                    return _read_capped(f, member, zf.getinfo(member).file_size)
+    def choose(names: list[str]) -> list[str]:
+        nonlocal dist_info
+        tops = {_member_parts(name, "wheel")[0] for name in names}
+        dist_infos = sorted(top for top in tops if top.endswith(".dist-info"))
+        if len(dist_infos) != 1:
+            raise DistError(f"a wheel must have exactly one top-level *.dist-info folder, not {dist_infos}")
+        dist_info = dist_infos[0]
+        return [f"{dist_info}/{name}" for name in ("METADATA", "WHEEL", "entry_points.txt")]
 
-            metadata, wheel = read(f"{dist_infos[0]}/METADATA"), read(f"{dist_infos[0]}/WHEEL")
-            entry_points = read(f"{dist_infos[0]}/entry_points.txt") or b""
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError) as exc:
-        raise DistError(f"not a valid wheel: {exc}") from exc
+    kept = _small(read_wheel(path, limits, choose)[1], limits)
+    metadata, wheel = kept.get(f"{dist_info}/METADATA"), kept.get(f"{dist_info}/WHEEL")
+    entry_points = kept.get(f"{dist_info}/entry_points.txt", b"")
     if metadata is None or wheel is None:
-        raise DistError(f"not a valid wheel: {dist_infos[0]}/ must contain METADATA and WHEEL")
+        raise DistError(f"not a valid wheel: {dist_info}/ must contain METADATA and WHEEL")
     parser = _EntryPointsParser()
     try:
         parser.read_string(entry_points.decode())
@@ -219,40 +217,28 @@ def _read_wheel(path: Path) -> tuple[bytes, tuple[str, ...]]:
     return metadata, _environments(group, "wheel")
 
 
-def _read_sdist(path: Path) -> tuple[bytes, tuple[str, ...], dict[str, Any]]:
+def _read_sdist(path: Path, limits: Limits) -> tuple[bytes, tuple[str, ...], dict[str, Any]]:
     """The sdist's PKG-INFO, environment names and eval defaults, after reading every member through."""
     top: str | None = None
-    kept: dict[str, bytes] = {}
-    try:
-        with gzip.open(path) as gz:  # the whole compressed stream: truncation, CRC
-            while gz.read(_CHUNK):
-                pass
-        with tarfile.open(path, "r:gz") as tf:
-            for member in tf:
-                parts = _member_parts(member.name, "sdist")
-                if top is None:
-                    top = parts[0]
-                elif parts[0] != top:
-                    raise DistError(
-                        f"an sdist must have exactly one top-level folder, not {top!r} and {parts[0]!r}"
-                    )
-                if member.issym() or member.islnk():
-                    base = posixpath.dirname(member.name) if member.issym() else ""
-                    target = posixpath.normpath(posixpath.join(base, member.linkname))
-                    if member.linkname.startswith("/") or target.split("/")[0] != top:
-                        raise DistError(f"link {member.name} -> {member.linkname} points outside the sdist")
-                elif member.isfile():
-                    rel = "/".join(parts[1:])
-                    f = tf.extractfile(member)
-                    assert f is not None  # extractfile gives None only for what is not a file or link
-                    if rel in ("PKG-INFO", "pyproject.toml"):
-                        kept[rel] = _read_capped(f, member.name, member.size)
-                    while f.read(_CHUNK):
-                        pass
-                elif not member.isdir():
-                    raise DistError(f"{member.name} in the sdist is neither a file, a folder nor a link")
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
-        raise DistError(f"not a valid sdist (.tar.gz): {exc}") from exc
+
+    def check(member: tarfile.TarInfo) -> bool:
+        nonlocal top
+        parts = _member_parts(member.name, "sdist")
+        if top is None:
+            top = parts[0]
+        elif parts[0] != top:
+            raise DistError(f"an sdist must have exactly one top-level folder, not {top!r} and {parts[0]!r}")
+        if member.issym() or member.islnk():
+            base = posixpath.dirname(member.name) if member.issym() else ""
+            target = posixpath.normpath(posixpath.join(base, member.linkname))
+            if member.linkname.startswith("/") or target.split("/")[0] != top:
+                raise DistError(f"link {member.name} -> {member.linkname} points outside the sdist")
+        elif not member.isfile() and not member.isdir():
+            raise DistError(f"{member.name} in the sdist is neither a file, a folder nor a link")
+        return member.isfile() and "/".join(parts[1:]) in ("PKG-INFO", "pyproject.toml")
+
+    found = _small(read_sdist(path, limits, check), limits)
+    kept = {"/".join(_member_parts(name, "sdist")[1:]): content for name, content in found.items()}
     if top is None:
         raise DistError("the sdist is empty")
     if "PKG-INFO" not in kept or "pyproject.toml" not in kept:
@@ -298,7 +284,7 @@ def _parse_metadata(raw: bytes, source: str) -> dict[str, Any]:
         raise DistError(f"{source} lacks the required field(s) {', '.join(missing)}")
     try:
         version = str(Version(one("Version")))
-    except InvalidVersion as exc:
+    except ValueError as exc:  # InvalidVersion, or a number too long for int()
         raise DistError(f"{source}: {exc}") from exc
     body = msg.get_payload()
     description = body if isinstance(body, str) and body.strip() else ""
