@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import shutil
 import sqlite3
 import zipfile
@@ -15,9 +16,11 @@ import aiohttp
 import orjson
 import pytest
 
-from palaestra.hub import index
+from palaestra.hub import index, pages
 from palaestra.hub.catalog import MIGRATIONS, Catalog, CatalogError
 from palaestra.hub.client import HubError, attach_results, plan_install, projects, set_yanked, upload
+from palaestra.hub.export import export
+from palaestra.hub.results import RECORD_KEYS
 from palaestra.hub.server import HubData
 from palaestra.testing.hub import build_dists, running_hub, write_env_package
 
@@ -218,10 +221,9 @@ async def test_pages_render_the_readme_inert_and_update_after_an_upload(hub, dis
     url, _data, tokens = hub
     status, home, headers = await get(url)
     assert status == 200 and b"Nothing is published yet" in home
-    assert (
-        "script-src 'self'" in headers["Content-Security-Policy"]
-        and "unsafe-inline" not in headers["Content-Security-Policy"]
-    )
+    csp = headers["Content-Security-Policy"]
+    assert f"script-src '{pages.SCRIPT_INTEGRITY}';" in csp and "'self'; img-src" not in csp  # hub.js only
+    assert "unsafe-inline" not in csp and headers["X-Content-Type-Options"] == "nosniff"
     await upload(url, tokens["alice"], dists["v1"])
     home = (await get(url))[1].decode()
     assert "palaestra-env-echo" in home and "1 environment" in home  # the cached page was refreshed
@@ -329,3 +331,98 @@ async def test_an_oversized_form_field_is_refused_even_without_a_length(hub) -> 
     ):
         assert r.status == 413 and "form field 'run' is over this hub's limit" in await r.text()
     assert not any(data.tmp.iterdir())
+
+
+# what the hub serves: no page runs what an uploader sent, no response shows where a run was served
+
+
+def directives(csp: str) -> dict[str, str]:
+    return {d.strip().split(" ", 1)[0]: d.strip().partition(" ")[2] for d in csp.split(";") if d.strip()}
+
+
+async def test_every_response_is_nosniff_and_uploaded_files_are_sandboxed_attachments(hub, dists) -> None:
+    url, _data, tokens = hub
+    await upload(url, tokens["alice"], dists["v1"])
+    wheel = dists["v1"][0].name
+    for path in (wheel, wheel + ".metadata", dists["v1"][1].name):
+        status, _, headers = await get(f"{url}files/palaestra-env-echo/{path}")
+        assert status == 200 and headers["X-Content-Type-Options"] == "nosniff", path
+        assert headers["Content-Disposition"].startswith(f'attachment; filename="{path}"'), path
+        assert directives(headers["Content-Security-Policy"]) == {"default-src": "'none'", "sandbox": "",
+                                                                  "frame-ancestors": "'none'"}  # fmt: skip
+    for path, accept in (("", ""), ("env/palaestra-env-echo/", ""), ("simple/", JSON), ("simple/", "text/html"),
+                         ("api/projects.json", ""), ("static/hub.js", ""), ("nothing", ""), ("env/x/", "")):  # fmt: skip
+        status, _, headers = await get(url + path, accept)
+        assert headers["X-Content-Type-Options"] == "nosniff" and "Content-Security-Policy" in headers, path
+    page_csp = directives((await get(url))[2]["Content-Security-Policy"])
+    assert page_csp["script-src"] == f"'{pages.SCRIPT_INTEGRITY}'" and page_csp["default-src"] == "'none'"
+    body = (await get(url))[1].decode()
+    assert (
+        f'<meta http-equiv="Content-Security-Policy" content="{pages.META_CSP}">' in body
+    )  # a static copy keeps it
+    assert f'src="static/hub.js" integrity="{pages.SCRIPT_INTEGRITY}"' in body
+
+
+async def test_a_wheel_with_a_script_before_its_zip_is_refused(hub, dists, tmp_path: Path) -> None:
+    url, data, tokens = hub
+    polyglot = tmp_path / dists["v1"][0].name
+    polyglot.write_bytes(b"window.pwned = 1; /*" + dists["v1"][0].read_bytes())
+    with pytest.raises(HubError, match="400 not a valid wheel: it has data before its first member"):
+        await upload(url, tokens["alice"], [polyglot])
+    assert data.catalog.filenames() == set() and not any(data.tmp.iterdir())
+
+
+HOSTILE = '<img src=x onerror="window.pwned=1">'
+
+
+async def test_results_show_only_what_a_leaderboard_needs_escaped(hub, dists, tmp_path: Path) -> None:
+    url, data, tokens = hub
+    await upload(url, tokens["alice"], dists["v1"])
+    run = saved_run(tmp_path / "a")
+    meta = orjson.loads((run / "metadata.json").read_bytes())
+    meta.update(model=HOSTILE, base_url="http://user:hunter2@10.0.0.7:8000/v1", api_key_var="SECRET_KEY_VAR",
+                run_id=HOSTILE, finished_at=HOSTILE, env_args={"opponent": HOSTILE},
+                versions={"palaestra": HOSTILE, "env_package": f"palaestra-env-echo {HOSTILE}"})  # fmt: skip
+    meta["summary"]["metrics"] = {HOSTILE: {"mean": 0.5}}
+    (run / "metadata.json").write_bytes(orjson.dumps(meta))
+    await attach_results(url, tokens["bob"], run, with_report=False)
+    # a record an older hub kept whole, base_url included
+    db = sqlite3.connect(data.root / "hub.sqlite3")
+    (stored,) = db.execute("SELECT run FROM results").fetchone()
+    db.execute(
+        "UPDATE results SET run = ?", (orjson.dumps({**orjson.loads(stored), "base_url": meta["base_url"]}),)
+    )
+    db.commit()
+    db.close()
+    await upload(url, tokens["alice"], dists["v2"][:1])  # a write: the pages are rendered anew
+
+    out = tmp_path / "export"
+    export(data, out, hub_url="https://envs.example/")
+    served = [(await get(url + p))[1].decode() for p in ("", "env/palaestra-env-echo/", "api/projects.json")]
+    exported = [p.read_text() for p in out.rglob("*") if p.suffix in (".html", ".json")]
+    for text in served + exported:
+        assert HOSTILE not in text and "<img" not in text  # escaped everywhere it shows
+        assert "hunter2" not in text and "10.0.0.7" not in text and "SECRET_KEY_VAR" not in text
+        assert "'reward':" not in text and "{'run_id'" not in text  # no Python repr of a record
+    home = served[0]
+    assert "1 eval result · best 0.750 (&lt;img src=x onerror=&quot;window.pwned=1&quot;&gt;)" in home
+    board = served[1][served[1].index('<section id="results">') :]
+    assert " -b " not in board and html.escape(f"palaestra eval echo -m '{HOSTILE}'") in board
+    assert data.catalog.results("palaestra-env-echo")[0].keys() == {*RECORD_KEYS, "id", "has_report", "uploaded_at",
+                                                                   "uploader"}  # fmt: skip
+
+
+async def test_a_page_is_rendered_once_whatever_host_it_is_asked_for(hub, dists, monkeypatch) -> None:
+    url, _data, tokens = hub
+    await upload(url, tokens["alice"], dists["v1"])
+    rendered = []
+    original = pages.project
+    monkeypatch.setattr(pages, "project", lambda *a, **k: rendered.append(1) or original(*a, **k))
+    for host in ("a.example", "b.example:8080", '"><script>x</script>'):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{url}env/palaestra-env-echo/", headers={"Host": host}) as r,
+        ):
+            page = await r.text()
+        assert f"--index-url {html.escape(f'http://{host}/')}simple/" in page and "<script>x" not in page
+    assert rendered == [1]  # a README is rendered once, not once per Host header

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from palaestra.hub.dist import DistInfo
+from palaestra.hub.results import stored_record
 
 TOKEN_PREFIX = "pah_"
 
@@ -398,8 +399,11 @@ class Catalog:
             )
             .fetchall()
         )
-        return [
-            {**orjson.loads(r["run"]), **_pick(r, "id", "has_report", "uploaded_at", "uploader")}
+        return [  # only the record's public fields, whatever an older hub stored with them
+            {
+                **stored_record(orjson.loads(r["run"])),
+                **_pick(r, "id", "has_report", "uploaded_at", "uploader"),
+            }
             for r in rows
         ]
 

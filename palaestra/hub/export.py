@@ -4,7 +4,9 @@ The layout is the served one (``simple/NAME/index.html``, ``files/``, ``env/NAME
 ``api/projects.json``), so ``pip install --index-url URL/simple/`` works against a plain file
 server, read-only. The index is PEP 503 HTML only (a static server cannot negotiate JSON); core
 metadata files are exported beside the wheels. An attached report is embedded in a sandboxed
-frame (no same-origin access), since a static host cannot send the sandboxing header the hub does.
+frame (no same-origin access), since a static host cannot send the sandboxing header the hub does;
+its page's policy, which the frame inherits, gives it no network access. The pages carry their own
+policy (``pages.META_CSP``): on any host, the one script they run is ``hub.js``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from palaestra.hub.server import HubData
 
 REPORT_WRAPPER = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Run report</title>
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; \
+style-src 'unsafe-inline'; img-src data:; frame-src 'self'; base-uri 'none'; form-action 'none'">
 <style>html, body, iframe {{ margin: 0; border: 0; width: 100%; height: 100%; }}</style></head>
 <body><iframe sandbox="allow-scripts" srcdoc="{srcdoc}"></iframe></body></html>
 """

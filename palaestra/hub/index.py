@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 from typing import Any, Literal
+from urllib.parse import quote
 
 import orjson
 
@@ -63,9 +64,15 @@ def root(projects: list[dict[str, Any]], kind: Kind) -> tuple[bytes, str]:
         }
         return orjson.dumps(body), JSON_TYPE
     links = "".join(
-        f'<a href="{html.escape(p["name"])}/">{html.escape(p["display_name"])}</a>\n' for p in projects
+        f'<a href="{html.escape(url_part(p["name"]))}/">{html.escape(p["display_name"])}</a>\n'
+        for p in projects
     )
     return _page("Simple index", links), HTML_TYPE
+
+
+def url_part(value: str) -> str:
+    """One path segment of a link, percent-encoded (a valid file or project name stays as it is)."""
+    return quote(value, safe="+!")
 
 
 def _yank(release: dict[str, Any]) -> bool | str:
@@ -84,7 +91,7 @@ def project(project: dict[str, Any], kind: Kind) -> tuple[bytes, str]:
             metadata = {"sha256": f["metadata_sha256"]} if f["kind"] == "wheel" else False
             entries.append({
                 "filename": f["filename"],
-                "url": f"../../files/{name}/{f['filename']}",
+                "url": f"../../files/{url_part(name)}/{url_part(f['filename'])}",
                 "hashes": {"sha256": f["sha256"]},
                 "requires-python": f["requires_python"] or None,
                 "core-metadata": metadata,
@@ -102,7 +109,8 @@ def project(project: dict[str, Any], kind: Kind) -> tuple[bytes, str]:
         return orjson.dumps(body), JSON_TYPE
     links = []
     for release, f in files:
-        attrs = [f'href="../../files/{html.escape(name)}/{html.escape(f["filename"])}#sha256={f["sha256"]}"']
+        url = f"../../files/{url_part(name)}/{url_part(f['filename'])}#sha256={f['sha256']}"
+        attrs = [f'href="{html.escape(url)}"']
         if f["requires_python"]:
             attrs.append(f'data-requires-python="{html.escape(f["requires_python"])}"')
         if f["kind"] == "wheel":  # an sdist's PKG-INFO may leave fields dynamic: not offered

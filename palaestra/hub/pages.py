@@ -1,22 +1,28 @@
 """The hub's browsable pages: the environment list and one page per environment.
 
 Pages are plain HTML with relative links, so the hub serves them and ``palaestra hub export``
-writes them for a static host unchanged. Everything an uploader wrote is escaped; a README is
-rendered by markdown-it with raw HTML off (tags show as text, ``javascript:`` links are dropped)
-and the pages are served under a Content-Security-Policy that allows no inline script.
+writes them for a static host unchanged. Everything an uploader wrote is escaped (in URLs, also
+percent-encoded); a README is rendered by markdown-it with raw HTML off (tags show as text,
+``javascript:`` links are dropped). Each page carries its Content-Security-Policy in a ``<meta>``
+tag as well as the hub's header, so a static copy keeps it: the one script a page may run is
+``hub.js``, by its sha256 (an uploaded file served from the same origin is no script to it).
 Search and tag filters work without JavaScript on the server (``?q=``, ``?tag=``); ``hub.js``
 filters the list as you type, and does the same on a static host.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 from importlib.resources import files
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from markdown_it import MarkdownIt
 
+from palaestra.hub.index import url_part
 from palaestra.hub.results import Board, leaderboards, reproduce_command
 
 ASSETS = {"hub.css": "text/css; charset=utf-8", "hub.js": "text/javascript; charset=utf-8"}
@@ -27,6 +33,30 @@ def asset(name: str) -> tuple[bytes, str] | None:
     if name not in ASSETS:
         return None
     return files("palaestra.hub").joinpath("assets", name).read_bytes(), ASSETS[name]
+
+
+def _integrity(name: str) -> str:
+    found = asset(name)
+    assert found is not None  # one of ASSETS
+    return "sha256-" + base64.b64encode(hashlib.sha256(found[0]).digest()).decode()
+
+
+SCRIPT_INTEGRITY = _integrity("hub.js")
+# a page runs hub.js and nothing else: not an inline script, not another file of the same origin
+META_CSP = (
+    f"default-src 'none'; style-src 'self'; script-src '{SCRIPT_INTEGRITY}'; img-src 'self' https: data:; "
+    "form-action 'self'; base-uri 'none'"
+)
+PAGE_CSP = META_CSP + "; frame-ancestors 'none'"  # as a header: <meta> cannot carry frame-ancestors
+
+
+# where a page's install line takes the hub's address; escaped content cannot spell it (it has a "<")
+HUB_URL = "<!--hub-url-->"
+
+
+def with_hub_url(page: bytes, hub_url: str) -> bytes:
+    """A page rendered with ``hub_url=None``, for a hub at ``hub_url``."""
+    return page.replace(HUB_URL.encode(), esc(hub_url).encode())
 
 
 def esc(value: Any) -> str:
@@ -53,11 +83,13 @@ def _layout(title: str, root: str, body: str) -> str:
 <html lang="en">
 <head>
 <meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{META_CSP}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="same-origin">
 <title>{esc(title)}</title>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="{root}static/hub.css">
-<script src="{root}static/hub.js" defer></script>
+<script src="{root}static/hub.js" integrity="{SCRIPT_INTEGRITY}" defer></script>
 </head>
 <body>
 <header><a class="brand" href="{root}">palaestra hub</a>
@@ -74,7 +106,9 @@ def _layout(title: str, root: str, body: str) -> str:
 
 
 def _tags(keywords: list[str], root: str) -> str:
-    return "".join(f'<a class="tag" href="{root}?tag={esc(k)}">{esc(k)}</a>' for k in keywords)
+    return "".join(
+        f'<a class="tag" href="{root}?tag={esc(quote(k, safe=""))}">{esc(k)}</a>' for k in keywords
+    )
 
 
 def home(projects: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]], *, query: str = "",
@@ -93,13 +127,13 @@ def home(projects: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]
         summary = f"{len(runs)} eval result{'s' * (len(runs) != 1)}" if runs else "no eval results yet"
         if runs:
             best = max(runs, key=lambda r: r["reward"]["mean"] or 0.0)
-            summary += f" · best {_fmt(best['reward']['mean'])} ({esc(best['model'])})"
+            summary += f" · best {_fmt(best['reward']['mean'])} ({best['model']})"
         cards.append(
             f'<li class="card" data-text="{esc(text)}" data-tags="{esc(" ".join(p["keywords"]))}"'
             f"{'' if visible else ' hidden'}>"
             f'<h2><a href="env/{esc(p["name"])}/">{esc(p["display_name"])}</a> <span class="version">'
             f"{esc(p['version'])}</span></h2><p>{esc(p['summary'])}</p>"
-            f'<p class="meta">environments: {esc(", ".join(p["environments"]))} · {results} · '
+            f'<p class="meta">environments: {esc(", ".join(p["environments"]))} · {esc(summary)} · '
             f"by {esc(p['owner'])}</p><p>{_tags(p['keywords'], '')}</p></li>"
         )
     all_tags = sorted({k for p in projects for k in p["keywords"]})
@@ -137,14 +171,17 @@ def _board(board: Board, root: str) -> str:
     rows = []
     for rank, run in enumerate(board.runs, 1):
         low, high = run["reward"]["ci95"]
-        report = f'<a href="{root}results/{run["id"]}/report.html">report</a>' if run["has_report"] else "–"
+        report = (
+            f'<a href="{root}results/{int(run["id"])}/report.html">report</a>' if run["has_report"] else "–"
+        )
         cells = "".join(f"<td class=num>{_fmt(run['metrics'].get(n))}</td>" for n in names)
         rows.append(
             f"<tr><td class=num>{rank}</td><td><b>{esc(run['model'])}</b></td>"
             f"<td class=num><b>{_fmt(run['reward']['mean'])}</b></td><td class=num>[{_fmt(low)}, {_fmt(high)}]</td>"
-            f"<td class=num>{run['num_examples']}×{run['rollouts_per_example']}</td><td>{esc(_sampling(run))}</td>"
-            f"<td class=num>{run['seed']}</td><td>{esc(run['env_version'] or '?')}</td>{cells}"
-            f"<td class=num>{run['errors']}</td><td>{esc(run['uploader'])}</td><td>{esc((run['finished_at'] or '')[:10])}</td>"
+            f"<td class=num>{esc(run['num_examples'])}×{esc(run['rollouts_per_example'])}</td>"
+            f"<td>{esc(_sampling(run))}</td><td class=num>{esc(run['seed'])}</td><td>{esc(run['env_version'] or '?')}</td>"
+            f"{cells}<td class=num>{esc(run['errors'])}</td><td>{esc(run['uploader'])}</td>"
+            f"<td>{esc((run['finished_at'] or '')[:10])}</td>"
             f"<td>{report}</td><td><details><summary>command</summary><code>{esc(reproduce_command(run))}</code>"
             "</details></td></tr>"
         )
@@ -157,16 +194,20 @@ def _board(board: Board, root: str) -> str:
 
 
 def project(
-    project: dict[str, Any], results: list[dict[str, Any]], *, hub_url: str, root: str = "../../"
+    project: dict[str, Any], results: list[dict[str, Any]], *, hub_url: str | None, root: str = "../../"
 ) -> str:
-    """One environment's page: install lines, README, leaderboards, versions, dependencies."""
+    """One environment's page: install lines, README, leaderboards, versions, dependencies.
+
+    ``hub_url`` ``None`` leaves ``HUB_URL`` in the install line, for ``with_hub_url`` to fill in: the
+    hub renders a page once, whatever address it was asked at.
+    """
     name = project["name"]
     releases = project["releases"]
     live = [r for r in releases if not r["yanked"]] or releases
     latest = live[-1]
     install = (
         f"<pre><code>palaestra install {esc(name)}\n"
-        f"pip install --index-url {esc(hub_url)}simple/ {esc(name)}</code></pre>"
+        f"pip install --index-url {HUB_URL if hub_url is None else esc(hub_url)}simple/ {esc(name)}</code></pre>"
     )
     boards = leaderboards(results)
     board_html = "".join(_board(b, root) for b in boards) or (
@@ -175,7 +216,8 @@ def project(
     versions = []
     for release in reversed(releases):
         files = ", ".join(
-            f'<a href="{root}files/{esc(name)}/{esc(f["filename"])}" title="sha256 {esc(f["sha256"])}">'
+            f'<a href="{root}files/{esc(url_part(name))}/{esc(url_part(f["filename"]))}" download '
+            f'title="sha256 {esc(f["sha256"])}">'
             f"{esc(f['kind'])}</a>"
             for f in release["files"]
         )

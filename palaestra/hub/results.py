@@ -26,14 +26,53 @@ class ResultError(ValueError):
     """The uploaded run cannot be attached; the message says why."""
 
 
+MAX_NAME = 300  # the model, the environment and the run id: what a board shows in a cell
+# what a stored run keeps, and so all that pages and the reproduce command may show: not where the
+# model was served (a base_url can hold credentials or an internal host), nor which key it used
+RECORD_KEYS = (
+    "run_id", "env_id", "env_args", "model", "sampling", "num_examples", "rollouts_per_example", "seed",
+    "n_rollouts", "reward", "metrics", "pass_at_k", "errors", "env_package", "env_version",
+    "palaestra_version", "finished_at",
+)  # fmt: skip
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
 
 
+def _count(value: Any, where: str, default: int) -> int:
+    """A non-negative integer field (``default`` when absent); ResultError naming it otherwise."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ResultError(f"{where} must be a non-negative integer, not {value!r:.100}")
+    return value
+
+
+def _name(value: str, where: str) -> str:
+    if not value.strip() or len(value) > MAX_NAME:
+        raise ResultError(f"{where} must be a non-empty string of at most {MAX_NAME} characters")
+    return value
+
+
+def _means(table: Any, where: str) -> dict[str, float]:
+    """``{name: {"mean": x, ...}}`` or ``{name: x}`` as ``{name: x}``, keeping finite numbers only."""
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ResultError(f"{where} must be an object")
+    out = {}
+    for key, value in table.items():
+        number = _number(value.get("mean") if isinstance(value, dict) else value)
+        if number is not None:
+            out[_name(str(key), f"a name in {where}")] = number
+    return out
+
+
 def run_record(data: Any) -> dict[str, Any]:
-    """The stored record of a run, from its ``metadata.json`` object."""
+    """The stored record of a run, from its ``metadata.json`` object: the fields of ``RECORD_KEYS``, typed."""
     try:
         meta = RunMetadata.from_dict(data)
     except ValueError as exc:
@@ -49,42 +88,46 @@ def run_record(data: Any) -> dict[str, Any]:
         raise ResultError("the run's summary has no reward mean")
     ci = reward.get("ci95")
     ci95 = [_number(x) for x in ci] if isinstance(ci, list) and len(ci) == 2 else [None, None]
-    metrics = {
-        str(k): _number(v.get("mean"))
-        for k, v in (meta.summary.get("metrics") or {}).items()
-        if isinstance(v, dict) and _number(v.get("mean")) is not None
-    }
-    package = str(meta.versions.get("env_package") or "")
+    package = meta.versions.get("env_package") or ""
+    palaestra = meta.versions.get("palaestra") or ""
+    if not isinstance(package, str) or not isinstance(palaestra, str):
+        raise ResultError("versions.env_package and versions.palaestra must be strings")
     spec = meta.spec
+    finished = meta.finished_at or ""
     return {
-        "run_id": meta.run_id,
-        "env_id": meta.env_id,
+        "run_id": _name(meta.run_id, "run_id"),
+        "env_id": _name(meta.env_id, "env_id"),
         "env_args": meta.env_args,
-        "model": meta.model,
-        "base_url": meta.base_url,
+        "model": _name(meta.model, "model"),
         "sampling": dataclasses.asdict(spec.sampling) if spec.sampling else None,
-        "num_examples": int(meta.summary.get("n_examples") or spec.num_examples),
+        "num_examples": _count(meta.summary.get("n_examples"), "summary.n_examples", spec.num_examples)
+        or spec.num_examples,
         "rollouts_per_example": spec.rollouts_per_example,
         "seed": spec.seed,
-        "n_rollouts": int(reward.get("n") or meta.summary.get("n_rollouts") or 0),
+        "n_rollouts": _count(reward.get("n"), "summary.reward.n", 0)
+        or _count(meta.summary.get("n_rollouts"), "summary.n_rollouts", 0),
         "reward": {"mean": _number(reward["mean"]), "std": _number(reward.get("std")), "ci95": ci95},
-        "metrics": metrics,
-        "pass_at_k": meta.summary.get("pass_at_k") or {},
-        "errors": int(meta.counts.get("errors", 0)),
-        "env_package": package,
-        "env_version": package.rpartition(" ")[2] if " " in package else "",
-        "palaestra_version": str(meta.versions.get("palaestra") or ""),
-        "finished_at": meta.finished_at,
+        "metrics": _means(meta.summary.get("metrics"), "summary.metrics"),
+        "pass_at_k": _means(meta.summary.get("pass_at_k"), "summary.pass_at_k"),
+        "errors": _count(meta.counts.get("errors"), "counts.errors", 0),
+        "env_package": package[:MAX_NAME],
+        "env_version": package.rpartition(" ")[2][:MAX_NAME] if " " in package else "",
+        "palaestra_version": palaestra[:MAX_NAME],
+        "finished_at": finished[:40] or None,
     }
+
+
+def stored_record(run: dict[str, Any]) -> dict[str, Any]:
+    """A record as the catalog kept it, less anything outside ``RECORD_KEYS`` (what an older hub stored)."""
+    return {k: run[k] for k in RECORD_KEYS if k in run}
 
 
 def reproduce_command(run: dict[str, Any]) -> str:
-    """The ``palaestra eval`` command that repeats ``run`` (the sampling as it was saved)."""
+    """The ``palaestra eval`` command that repeats ``run`` (the sampling as it was saved; the model's
+    endpoint is the reader's own: ``-b`` is not shown)."""
     parts = ["palaestra", "eval", run["env_id"], "-m", run["model"]]
     if run.get("env_args"):
         parts += ["-a", orjson.dumps(run["env_args"], option=orjson.OPT_SORT_KEYS).decode()]
-    if run.get("base_url"):
-        parts += ["-b", run["base_url"]]
     parts += [
         "-n",
         str(run["num_examples"]),

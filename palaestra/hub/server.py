@@ -12,8 +12,14 @@ Routes:
 
 The data folder holds ``hub.sqlite3`` (the catalog), ``files/``, ``reports/`` and ``tmp/``. An
 upload is streamed into ``tmp/``, checked whole, then moved into ``files/`` inside the catalog's
-write transaction; at start, whatever a crash left half done (files in ``tmp/``, files no catalog
-row names) is removed, so the catalog and the files always agree.
+write transaction; a refused one leaves nothing there (``forms``); at start, whatever a crash left
+half done (files in ``tmp/``, files no catalog row names) is removed, so the catalog and the files
+always agree.
+
+Every response says ``X-Content-Type-Options: nosniff`` and has a Content-Security-Policy: the
+pages' allows only ``hub.js``; a report runs sandboxed in an opaque origin; everything else, the
+uploaded files first, is sandboxed with nothing allowed, and a distribution is an attachment. A
+malformed request gets a 4xx with a message, never a 500.
 """
 
 from __future__ import annotations
@@ -24,18 +30,20 @@ import binascii
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
-import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import orjson
-from aiohttp import BodyPartReader, web
-from packaging.version import InvalidVersion, Version
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from packaging.version import Version
 
-from palaestra.hub import index, pages
+from palaestra.hub import forms, index, pages
 from palaestra.hub.catalog import Catalog, CatalogError, User
 from palaestra.hub.dist import DistError, DistInfo, inspect_dist, normalize
 from palaestra.hub.results import ResultError, run_record
@@ -44,19 +52,18 @@ from palaestra.serve import start
 
 logger = logging.getLogger("palaestra.hub")
 MAX_UPLOAD_BYTES = 100 * 1024 * 1024
-MAX_FIELD_BYTES = 1024 * 1024
-PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self' https: data:; "
-    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-}
+MAX_CACHED_PAGES = 1024
+MAX_CACHE_BYTES = 64 * 1024 * 1024
+MAX_REASON = 1000  # a yank's reason, shown on the pages and in the index
+PAGE_HEADERS = {"Content-Security-Policy": pages.PAGE_CSP}
 # an attached report is the uploader's HTML: it runs in an opaque origin, with no network access
 REPORT_HEADERS = {
     "Content-Security-Policy": "sandbox allow-scripts; default-src 'none'; script-src 'unsafe-inline'; "
-    "style-src 'unsafe-inline'; img-src data:",
-    "X-Content-Type-Options": "nosniff",
+    "style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'",
 }
+# anything else, and an uploaded file above all, is no document to run: sandboxed, nothing allowed
+DEFAULT_CSP = "default-src 'none'; sandbox; frame-ancestors 'none'"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # what a redirect to a project's normal name may come from
 
 
 class HubData:
@@ -135,8 +142,10 @@ def _token(request: web.Request) -> str | None:
 
 
 def _error(status: int, message: str) -> web.Response:
-    # twine shows the reason phrase; pip and palaestra read the body
-    return web.Response(status=status, text=message + "\n", reason=message.splitlines()[0][:200])
+    # twine shows the reason phrase (printable ASCII only: it is a header); pip and palaestra read the body
+    reason = re.sub(r"[^\x20-\x7e]", "?", (message.splitlines() or [""])[0])[:200] or "error"
+    body = (message + "\n").encode("utf-8", "backslashreplace")  # a name from an archive may hold surrogates
+    return web.Response(status=status, body=body, reason=reason, content_type="text/plain", charset="utf-8")
 
 
 class HubServer:
@@ -146,6 +155,7 @@ class HubServer:
         self.data = data
         self.max_upload_bytes = max_upload_bytes
         self._cache: dict[tuple[str, str], tuple[bytes, str]] = {}
+        self._cache_bytes = 0
         self._generation = 0  # bumped by every write: a page read before it is not cached after it
         self._projects_of_files: dict[str, str] = {}  # filename -> project, for downloads
 
@@ -156,100 +166,54 @@ class HubServer:
         user: User = await self._run(self.data.catalog.authenticate, _token(request))
         return user
 
-    def _check_length(self, request: web.Request) -> None:
-        if request.content_length is not None and request.content_length > self.max_upload_bytes:
-            raise CatalogError(413, f"the request is {request.content_length} bytes; this hub takes at most "
-                               f"{self.max_upload_bytes}")  # fmt: skip
-
-    async def _read_form(
-        self, request: web.Request, file_fields: set[str]
-    ) -> tuple[dict[str, str], dict[str, tuple[str, Path]]]:
-        """A multipart body: text fields, and file fields streamed to ``tmp/`` (under the size limit)."""
-        fields: dict[str, str] = {}
-        files: dict[str, tuple[str, Path]] = {}
-        total = 0
-        try:
-            reader = await request.multipart()
-        except (AssertionError, ValueError, KeyError) as exc:
-            raise CatalogError(400, f"expected a multipart/form-data body: {exc}") from None
-        try:
-            while (part := await reader.next()) is not None:
-                if not isinstance(part, BodyPartReader) or not part.name:
-                    raise CatalogError(400, "unexpected nested multipart body")
-                is_file = part.name in file_fields
-                limit = self.max_upload_bytes if is_file else MAX_FIELD_BYTES
-                tmp = self.data.tmp / uuid.uuid4().hex
-                if is_file:
-                    files[part.name] = (part.filename or "", tmp)
-                buffer = bytearray()
-                with tmp.open("wb") if is_file else contextlib.nullcontext() as out:
-                    size = 0
-                    while chunk := await part.read_chunk(1 << 20):
-                        size += len(chunk)
-                        total += len(chunk)
-                        if size > limit or total > self.max_upload_bytes:
-                            what = "the upload" if is_file else f"form field {part.name!r}"
-                            raise CatalogError(413, f"{what} is over this hub's limit of {limit} bytes")
-                        if out is None:
-                            buffer += chunk
-                        else:
-                            out.write(chunk)
-                    if out is not None:
-                        out.flush()
-                        await asyncio.to_thread(os.fsync, out.fileno())
-                if not is_file:
-                    fields[part.name] = buffer.decode("utf-8", errors="replace")
-        except BaseException:
-            for _, tmp in files.values():
-                tmp.unlink(missing_ok=True)
-            raise
-        return fields, files
-
     async def upload(self, request: web.Request) -> web.Response:
         user = await self._user(request)
-        self._check_length(request)
-        fields, files = await self._read_form(request, {"content"})
-        try:
-            if fields.get(":action", "file_upload") != "file_upload":
-                raise CatalogError(400, f"unsupported :action {fields[':action']!r}")
-            if "content" not in files:
+        fields = {":action", "sha256_digest", "name"}
+        async with forms.form(request, self.data.tmp, text_fields=fields, file_fields={"content"},
+                              max_bytes=self.max_upload_bytes) as form:  # fmt: skip
+            action = form.fields.get(":action", "file_upload")
+            if action != "file_upload":
+                raise CatalogError(400, f"unsupported :action {action[:100]!r}")
+            if "content" not in form.files:
                 raise CatalogError(400, "no file: send it as the multipart field 'content'")
-            filename, tmp = files["content"]
+            filename, tmp = form.files["content"]
             dist: DistInfo = await self._run(inspect_dist, tmp, filename=filename)
-            claimed = fields.get("sha256_digest")
+            claimed = form.fields.get("sha256_digest")
             if claimed and claimed.lower() != dist.sha256:
                 raise CatalogError(
-                    400, f"sha256_digest {claimed} does not match the file received ({dist.sha256})"
+                    400, f"sha256_digest {claimed[:100]} does not match the file received ({dist.sha256})"
                 )
-            if fields.get("name") and normalize(fields["name"]) != dist.name:
-                raise CatalogError(400, f"the form names {fields['name']!r}, the file {dist.name!r}")
+            name = form.fields.get("name")
+            if name and normalize(name) != dist.name:
+                raise CatalogError(400, f"the form names {name[:100]!r}, the file {dist.name!r}")
             await self._run(self.data.store, user, dist, tmp)
-        finally:
-            for _, tmp in files.values():
-                tmp.unlink(missing_ok=True)
         self.changed()
         logger.info("%s uploaded %s", user.name, dist.filename)
         return web.json_response({"filename": dist.filename, "name": dist.name, "version": dist.version})
 
     async def yank(self, request: web.Request) -> web.Response:
         user = await self._user(request)
-        body = await _json_body(request)
-        name, version = normalize(str(body.get("name", ""))), str(body.get("version", ""))
-        with contextlib.suppress(InvalidVersion):
+        body = await forms.json_object(
+            request,
+            {"name": str, "version": str, "yanked": bool, "reason": str},
+            required={"name", "version"},
+        )
+        name, version = normalize(body["name"]), body["version"]
+        with contextlib.suppress(ValueError):  # InvalidVersion, or a number too long for int()
             version = str(Version(version))
-        yanked = bool(body.get("yanked", True))
-        await self._run(self.data.catalog.set_yanked, user, name, version, yanked=yanked,
-                        reason=str(body.get("reason", "")))  # fmt: skip
+        yanked, reason = body.get("yanked", True), body.get("reason", "")
+        if len(reason) > MAX_REASON:
+            raise CatalogError(400, f"field 'reason' is over {MAX_REASON} characters")
+        await self._run(self.data.catalog.set_yanked, user, name, version, yanked=yanked, reason=reason)
         self.changed()
         return web.json_response({"name": name, "version": version, "yanked": yanked})
 
     async def add_results(self, request: web.Request) -> web.Response:
         user = await self._user(request)
-        self._check_length(request)
-        fields, files = await self._read_form(request, {"report"})
-        try:
+        async with forms.form(request, self.data.tmp, text_fields={"run"}, file_fields={"report"},
+                              max_bytes=self.max_upload_bytes) as form:  # fmt: skip
             try:
-                run = run_record(orjson.loads(fields.get("run", "null")))
+                run = run_record(orjson.loads(form.fields.get("run", "null")))
             except (orjson.JSONDecodeError, ResultError) as exc:
                 raise CatalogError(400, f"not a saved run's metadata.json: {exc}") from None
             catalog = self.data.catalog
@@ -258,15 +222,12 @@ class HubServer:
                 raise CatalogError(
                     404, f"no environment named {run['env_id']!r} on this hub: publish its package first"
                 )
-            report = files.get("report")
+            report = form.files.get("report")
             result_id: int = await self._run(
                 catalog.add_result, user, project, run, has_report=report is not None
             )
             if report is not None:
                 os.replace(report[1], self.data.reports / f"{result_id}.html")
-        finally:
-            for _, tmp in files.values():
-                tmp.unlink(missing_ok=True)
         self.changed()
         return web.json_response({"id": result_id, "project": project, "url": f"env/{project}/#results"})
 
@@ -276,9 +237,13 @@ class HubServer:
         """Forget the rendered pages (a write happened)."""
         self._generation += 1
         self._cache.clear()
+        self._cache_bytes = 0
 
     async def _cached(
-        self, key: tuple[str, str], render: Callable[[], Awaitable[tuple[bytes, str] | None]]
+        self,
+        key: tuple[str, str],
+        render: Callable[[], Awaitable[tuple[bytes, str] | None]],
+        finish: Callable[[bytes], bytes] | None = None,
     ) -> web.Response:
         hit = self._cache.get(key)
         if hit is None:
@@ -286,11 +251,16 @@ class HubServer:
             hit = await render()
             if hit is None:
                 raise web.HTTPNotFound(text=f"not found: {key[1]}\n")
-            if len(self._cache) >= 1024:  # search strings are unbounded; so is not this cache
+            # search strings are unbounded; so is not this cache, in entries or in bytes
+            if len(self._cache) >= MAX_CACHED_PAGES or self._cache_bytes + len(hit[0]) > MAX_CACHE_BYTES:
                 self._cache.clear()
+                self._cache_bytes = 0
             if generation == self._generation:  # no write finished while it rendered
                 self._cache[key] = hit
+                self._cache_bytes += len(hit[0])
         body, content_type = hit
+        if finish is not None:
+            body = finish(body)
         headers = PAGE_HEADERS if content_type.startswith("text/html") and key[0] == "page" else {}
         return web.Response(body=body, headers={"Content-Type": content_type, **headers})
 
@@ -308,6 +278,8 @@ class HubServer:
     async def simple_project(self, request: web.Request) -> web.Response:
         raw = request.match_info["name"]
         name = normalize(raw)
+        if not _NAME.fullmatch(raw):
+            raise web.HTTPNotFound(text=f"no project {raw[:100]!r}\n")
         if raw != name or not request.path.endswith("/"):
             raise web.HTTPMovedPermanently(f"../{name}/" if request.path.endswith("/") else f"{name}/")
         kind = index.negotiate(request.headers.get("Accept", ""), request.query.get("format"))
@@ -331,7 +303,12 @@ class HubServer:
         if project != name:
             raise web.HTTPNotFound(text=f"no file {filename}\n")
         path = self.data.path(name, filename)
-        headers = {"Cache-Control": "max-age=31536000, immutable"}
+        plain = re.sub(r"[^A-Za-z0-9._+!-]", "_", filename)
+        headers = {
+            "Cache-Control": "max-age=31536000, immutable",
+            # a download, never a page or a script of this origin, whatever its bytes look like
+            "Content-Disposition": f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(filename, safe='')}",
+        }
         if filename.endswith(".metadata"):  # small: one read beats a streamed response
             body = await self._run(path.read_bytes)
             return web.Response(body=body, headers={**headers, "Content-Type": "text/plain; charset=utf-8"})
@@ -361,21 +338,26 @@ class HubServer:
     async def env_page(self, request: web.Request) -> web.Response:
         raw = request.match_info["name"]
         name = normalize(raw)
+        if not _NAME.fullmatch(raw):
+            raise web.HTTPNotFound(text=f"no environment {raw[:100]!r}\n")
         if raw != name or not request.path.endswith("/"):
             raise web.HTTPMovedPermanently(f"/env/{name}/")
-        hub_url = f"{request.scheme}://{request.host}/"
+        hub_url = f"{request.scheme}://{request.host}/"  # what the client asked for; shown escaped
 
         async def render() -> tuple[bytes, str] | None:
             project = await self._run(self.data.catalog.project, name)
             if project is None:
                 return None
             results = await self._run(self.data.catalog.results, name)
-            return pages.project(project, results, hub_url=hub_url).encode(), "text/html; charset=utf-8"
+            return pages.project(project, results, hub_url=None).encode(), "text/html; charset=utf-8"
 
-        return await self._cached(("page", f"{hub_url}env/{name}"), render)
+        # one rendering whatever the Host header: a client cannot make the hub render a README per host
+        return await self._cached(
+            ("page", f"env/{name}"), render, lambda page: pages.with_hub_url(page, hub_url)
+        )
 
     async def report(self, request: web.Request) -> web.StreamResponse:
-        path = self.data.reports / f"{int(request.match_info['id'])}.html"
+        path = self.data.reports / f"{int(request.match_info['id'])}.html"  # the route takes 1 to 18 digits
         if not path.is_file():
             raise web.HTTPNotFound(text="no such report\n")
         return web.FileResponse(path, headers={**REPORT_HEADERS, "Content-Type": "text/html; charset=utf-8"})
@@ -385,16 +367,6 @@ class HubServer:
         if found is None:
             raise web.HTTPNotFound(text="no such file\n")
         return web.Response(body=found[0], headers={"Content-Type": found[1], "Cache-Control": "max-age=300"})
-
-
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        raise CatalogError(400, f"the body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise CatalogError(400, "the body must be a JSON object")
-    return body
 
 
 @web.middleware
@@ -407,6 +379,8 @@ async def _errors(
         return _error(exc.status, str(exc))
     except DistError as exc:
         return _error(400, str(exc))
+    except HttpProcessingError as exc:  # a body that breaks HTTP itself (cut short, a line too long)
+        return _error(400, f"malformed request: {exc.message}")
     except (ConnectionResetError, asyncio.CancelledError):
         raise
     except web.HTTPException:
@@ -414,6 +388,13 @@ async def _errors(
     except Exception:
         logger.exception("error serving %s %s", request.method, request.path)
         return _error(500, "internal error (the hub's log has the details)")
+
+
+async def _secure_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """What every response says, whichever handler (or aiohttp itself) made it."""
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Content-Security-Policy", DEFAULT_CSP)
+    response.headers.setdefault("Referrer-Policy", "same-origin")
 
 
 def create_app(data: HubData, *, max_upload_bytes: int = MAX_UPLOAD_BYTES) -> web.Application:
@@ -424,6 +405,7 @@ def create_app(data: HubData, *, max_upload_bytes: int = MAX_UPLOAD_BYTES) -> we
     server = HubServer(data, max_upload_bytes=max_upload_bytes)
     # the body is streamed by the upload handlers, which count it against the limit themselves
     app = web.Application(middlewares=[_errors], client_max_size=max_upload_bytes)
+    app.on_response_prepare.append(_secure_headers)
     routes = [
         web.get("/", server.home),
         web.get("/simple/", server.simple_root),
@@ -437,7 +419,7 @@ def create_app(data: HubData, *, max_upload_bytes: int = MAX_UPLOAD_BYTES) -> we
         web.get("/api/projects.json", server.projects_json),
         web.get("/env/{name}", server.env_page),
         web.get("/env/{name}/", server.env_page),
-        web.get("/results/{id:\\d+}/report.html", server.report),
+        web.get("/results/{id:\\d{1,18}}/report.html", server.report),
         web.get("/static/{name}", server.asset),
     ]
     app.add_routes(routes)

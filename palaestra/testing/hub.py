@@ -9,6 +9,7 @@ event loop and ``hub_process`` in a child process (which a test may kill).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -57,6 +58,7 @@ def write_env_package(
     module: str = "echo_env",
     env_name: str = "echo",
     readme: str = "# echo\n\nRepeat a word. A tiny environment for the hub's tests.\n",
+    description: str = "Repeat a word: a tiny palaestra environment.",
     keywords: Sequence[str] = ("demo", "single-turn"),
     dependencies: Sequence[str] = ("palaestra",),
     entry_point: bool = True,
@@ -67,7 +69,7 @@ def write_env_package(
     (folder / module).mkdir(parents=True)
     (folder / module / "__init__.py").write_text(MODULE.replace("{module}", module), encoding="utf-8")
     (folder / "README.md").write_text(readme, encoding="utf-8")
-    quoted = ", ".join(f'"{k}"' for k in keywords)
+    quoted = ", ".join(_toml(k) for k in keywords)
     deps = ", ".join(f'"{d}"' for d in dependencies)
     entry = f'[project.entry-points."palaestra.environments"]\n{env_name} = "{module}:load_environment"\n'
     (folder / "pyproject.toml").write_text(
@@ -79,7 +81,7 @@ def write_env_package(
         [project]
         name = "{name}"
         version = "{version}"
-        description = "Repeat a word: a tiny palaestra environment."
+        description = {_toml(description)}
         readme = "README.md"
         requires-python = ">=3.11"
         keywords = [{quoted}]
@@ -91,6 +93,11 @@ def write_env_package(
         encoding="utf-8",
     )
     return folder
+
+
+def _toml(text: str) -> str:
+    """``text`` as a TOML basic string (JSON's escapes are TOML's)."""
+    return json.dumps(text)
 
 
 def build_dists(package: Path, out: Path) -> list[Path]:
