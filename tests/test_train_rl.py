@@ -221,8 +221,8 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
 
 def test_a_sampler_that_returns_no_token_ids_is_one_clear_error(tiny_model_dir: Path, tmp_path: Path) -> None:
     from palaestra.train import rl
+    from palaestra.train.common import TrainingError
     from palaestra.train.rl_config import EnvConfig, RLConfig, RLOutputConfig, RLTrainConfig
-    from palaestra.train.sft import TrainingError
     from palaestra.train.sft_config import ModelConfig
 
     class NoIds:

@@ -18,6 +18,7 @@ import pytest
 import palaestra as pa
 from palaestra.train import checkpoint as ckpt
 from palaestra.train import sft
+from palaestra.train.common import TrainingError
 from palaestra.train.config import ConfigError
 from palaestra.train.sft_config import (
     DataConfig,
@@ -175,7 +176,7 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
     monkeypatch.setattr(sft, "token_loss_sum", nan_at_step_3)
     config = tiny_config(teacher_data, tmp_path / "run", train={"steps": 5, "micro_batch_tokens": 8192},
                          output={"save_every": 2})  # fmt: skip
-    with pytest.raises(sft.TrainingError) as caught:
+    with pytest.raises(TrainingError) as caught:
         sft.train_sft(config, progress=False)
     message = str(caught.value)
     assert "step 3: the loss is nan" in message and "step-000002" in message

@@ -107,9 +107,11 @@ def _train(args: argparse.Namespace, kind: str) -> int:
     else:
         config_module = importlib.import_module(f"palaestra.train.{kind}_config")
         config = load_config(getattr(config_module, f"{kind.upper()}Config"), args.config, overrides)
+    from palaestra.train.common import TrainingError
+
     try:
         getattr(trainer, f"train_{kind}")(config, resume=args.resume, progress=None if args.quiet else True)
-    except trainer.TrainingError as exc:
+    except TrainingError as exc:
         print(f"palaestra: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

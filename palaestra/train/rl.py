@@ -39,6 +39,13 @@ from palaestra.eval.store import RunMetadata, RunStore
 from palaestra.registry import load_environment
 from palaestra.train import checkpoint as ckpt
 from palaestra.train.advantages import group_advantages
+from palaestra.train.common import (
+    TrainingError,
+    diverged,
+    find_checkpoint,
+    optimizer_and_schedule,
+    pick_device,
+)
 from palaestra.train.config import ConfigError, load_config, to_toml
 from palaestra.train.curves import write_curves
 from palaestra.train.data import message_texts
@@ -55,7 +62,6 @@ from palaestra.train.model import (
 from palaestra.train.policy_update import Diverged, policy_update
 from palaestra.train.rl_config import RLConfig
 from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
-from palaestra.train.sft import TrainingError, diverged, find_checkpoint, optimizer_and_schedule, pick_device
 from palaestra.train.sft_config import ModelConfig
 from palaestra.types import Example, Rollout, RunSpec, Sampling, derive_seed
 

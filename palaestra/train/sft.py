@@ -25,6 +25,12 @@ from typing import Any
 
 from palaestra.train import checkpoint as ckpt
 from palaestra.train.batching import MicroBatch, micro_batches, step_indices
+from palaestra.train.common import (
+    diverged,
+    find_checkpoint,
+    optimizer_and_schedule,
+    pick_device,
+)
 from palaestra.train.config import ConfigError, load_config, to_toml
 from palaestra.train.curves import write_curves
 from palaestra.train.data import Chat, load_chats, message_texts
@@ -39,16 +45,12 @@ from palaestra.train.model import (
     parameter_counts,
 )
 from palaestra.train.prefix import SharedPrefix, shared_prefix_length
-from palaestra.train.sft_config import ModelConfig, OptimConfig, SFTConfig
+from palaestra.train.sft_config import ModelConfig, SFTConfig
 from palaestra.train.tokenize import IGNORE, Encoded, encode, end_of_turn_ids
 
 CONFIG_FILE = "config.toml"
 CURVES_FILE = "curves.html"
 BASE_MODEL_DIR = "base-model"  # a tiny model's initial weights, the base a LoRA run resumes on
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (a NaN loss, say); what was saved before stays."""
 
 
 def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: bool | None = None) -> Path:
@@ -197,35 +199,6 @@ def token_loss_sum(backbone: Any, head: Any, micro: MicroBatch, device: Any, cac
     return F.cross_entropy(logits.float(), targets[trained], reduction="sum")
 
 
-def optimizer_and_schedule(model: Any, optim: OptimConfig, updates: int, state: Any) -> tuple[Any, Any, int]:
-    """AdamW over the trainable parameters, its learning-rate schedule over ``updates`` optimizer
-    steps, and the step to start from: restored from a checkpoint's ``state`` (RNG included), if any."""
-    import torch
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: lr_factor(k, optim, updates))
-    if state is None:
-        return optimizer, scheduler, 0
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    ckpt.restore_rng(state)
-    return optimizer, scheduler, int(state["step"])
-
-
-def lr_factor(update: int, optim: OptimConfig, total: int) -> float:
-    """The learning rate of optimizer step ``update`` (from 0) of ``total`` as a fraction of ``optim.lr``."""
-    if update < optim.warmup_steps:
-        return (update + 1) / optim.warmup_steps
-    if optim.schedule == "constant":
-        return 1.0
-    progress = min(1.0, (update - optim.warmup_steps) / max(1, total - optim.warmup_steps))
-    low = optim.min_lr_ratio
-    return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 def encode_all(tokenizer: Any, chats: list[Chat], config: SFTConfig, end_of_turn: set[int]) -> list[Encoded]:
     """Every conversation tokenised and masked; a ``max_length`` that cuts off a prompt is an error."""
     max_length = config.data.max_length
@@ -276,37 +249,9 @@ def describe(
     )
 
 
-def diverged(step: int, what: str, value: float, last_saved: Path | None) -> TrainingError:
-    kept = f"the last good checkpoint is {last_saved}" if last_saved else "no checkpoint was saved before it"
-    return TrainingError(f"step {step}: the {what} is {value}; stopped before updating the weights; {kept}")
-
-
 def resume_config(run_dir: str | Path, overrides: dict[str, str] | None = None) -> SFTConfig:
     """The config a run was started with (``RUN_DIR/config.toml``), with ``overrides`` on top."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there; is it an SFT run folder?")
     return load_config(SFTConfig, path, overrides)
-
-
-def find_checkpoint(run_dir: Path, steps: int) -> tuple[Path, dict[str, Any]]:
-    """The checkpoint a resumed run of ``steps`` steps continues from, and its trainer state."""
-    checkpoint = ckpt.latest_checkpoint(run_dir)
-    if checkpoint is None:
-        raise ConfigError(f"--resume {run_dir}: no complete checkpoint to resume from")
-    state = ckpt.load_state(checkpoint)
-    if state["step"] >= steps:
-        raise ConfigError(f"--resume: the run is at step {state['step']} already; raise train.steps to go on")
-    return checkpoint, state
-
-
-def pick_device(name: str) -> Any:
-    """``auto``: CUDA when present, else CPU; anything else as ``torch.device`` reads it."""
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(name)
-    except RuntimeError as exc:
-        raise ConfigError(f"train.device: {exc}") from None
