@@ -39,18 +39,28 @@ class TinyConfig:
     initializer_range: float = 0.2  # peaked output distributions, like a trained model's
     tie_embeddings: bool = False
     seed: int = 0
+    split_digits: bool = False  # True: every digit its own token, wherever it stands (see train_tokenizer)
 
 
-def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 400) -> Any:
+def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 400, split_digits: bool = False) -> Any:
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``texts``, with the ChatML template.
 
-    EOS is ``<|im_end|>`` (the end of every chat turn) and the pad token is ``<|pad|>``.
+    EOS is ``<|im_end|>`` (the end of every chat turn) and the pad token is ``<|pad|>``. With
+    ``split_digits`` each digit is a token of its own, never merged with a space or another digit
+    (as Llama's and SmolLM2's tokenizers do): ``"cell 7"``, ``"| 7 |"`` and ``"<move>7"`` then share
+    the token ``7``, so a small model can copy a number from the board to its move. Without it,
+    byte-level BPE makes ``" 7"`` and ``"7"`` two unrelated tokens.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits
+        else byte_level
+    )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -74,7 +84,7 @@ def build_tiny_model(
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size)
+    tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size, split_digits=config.split_digits)
     llama = LlamaConfig(
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,

@@ -140,3 +140,23 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(tiny_tokenizer: Any, 
 def test_a_conversation_without_assistant_turns_is_an_error(tiny_tokenizer: Any) -> None:
     with pytest.raises(ValueError, match="no assistant message"):
         encode(tiny_tokenizer, [{"role": "user", "content": "hi"}], max_length=100, end_of_turn={1})
+
+
+@pytest.mark.parametrize("split_digits", [True, False])
+def test_split_digits_makes_a_cell_number_one_token_wherever_it_stands(split_digits: bool) -> None:
+    """A tiny student copies a cell from the board to its move only if both are the same token."""
+    from palaestra.tiny_model import train_tokenizer
+
+    texts = [m["content"] for r in teacher_games(16, seed=1) for m in r.messages]
+    tokenizer = train_tokenizer(texts, vocab_size=600, split_digits=split_digits)
+    places = ["3 | 7 | O", "Free cells: 1, 7, 8", "taking cell 7.", "<move>7</move>", "cell 17"]
+    sevens = {
+        tokenizer.convert_ids_to_tokens(i)
+        for text in places
+        for i in tokenizer(text, add_special_tokens=False)["input_ids"]
+        if "7" in tokenizer.decode([i])
+    }
+    if split_digits:
+        assert sevens == {"7"}
+    else:  # byte-level BPE: " 7" and "7" are unrelated tokens
+        assert len(sevens) > 1

@@ -36,6 +36,7 @@ class TinyModelConfig:
     initializer_range: float = 0.02
     tie_embeddings: bool = True
     seed: int = 0
+    split_digits: bool = False  # True: each digit its own token (palaestra.tiny_model.train_tokenizer)
 
     def __post_init__(self) -> None:
         for name in (
