@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import pytest
+from package_index import static_server
 
 from palaestra.hub.catalog import Catalog
 from palaestra.hub.client import upload
@@ -467,17 +468,8 @@ def test_static_export_works_with_pip(
     hub: dict[str, Any], attached: dict[str, Any], yanked: str, fresh: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "static"
-    server = subprocess.Popen(
-        [sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(out), "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        found = re.search(r"port (\d+)", server.stdout.readline())
-        assert found, "http.server did not start"
-        static = f"http://127.0.0.1:{found.group(1)}/"
+    out.mkdir()
+    with static_server(out) as static:
         done = palaestra("hub", "export", str(out), "--data", str(hub["data"]), "--url", static)
         assert re.fullmatch(r"wrote \d+ files to .*", done.stdout.strip())
 
@@ -502,11 +494,32 @@ def test_static_export_works_with_pip(
         assert len(links) == 1
         status, report, _ = get(urljoin(f"{static}env/{ECHO}/", links[0]))
         assert status == 200 and b'<iframe sandbox="allow-scripts"' in report
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        if server.stdout is not None:
-            server.stdout.close()
+
+
+@pytest.mark.slow  # a fresh venv and pip installs: over 10 s on its own
+def test_palaestra_install_from_a_static_export(
+    hub: dict[str, Any], yanked: str, fresh: Path, tmp_path: Path
+) -> None:
+    """The export's index is HTML only: install reads it, yanks included, and pins its files."""
+    out = tmp_path / "static"
+    palaestra("hub", "export", str(out), "--data", str(hub["data"]))
+    python = str(fresh / "bin" / "python")
+    sha = {
+        (f["filename"]): f["hashes"]["sha256"] for p in (ECHO, HELPER) for f in simple_files(hub["url"], p)
+    }
+    with static_server(out) as static:
+        for requirement, want in (("echo==0.2.0", "0.2.0"), ("echo", "0.1.0")):  # a pinned yank, the newest
+            done = palaestra("install", requirement, "--hub", static, "--python", python, "--no-deps")
+            (line,) = done.stdout.splitlines()
+            pins = sorted(shlex.split(line.removeprefix("ran: "))[-2:])
+            assert pins == [
+                f"{name} @ {static}files/{name}/{wheel}#sha256={sha[wheel]}"
+                for name, wheel in (
+                    (ECHO, f"palaestra_env_echo-{want}-py3-none-any.whl"),
+                    (HELPER, "palaestra_env_helper-0.1.0-py3-none-any.whl"),
+                )
+            ]
+            assert version(fresh) == want and version(fresh, HELPER) == "0.1.0"
 
 
 # bad input through the CLI: one line on stderr, exit status 2, no traceback

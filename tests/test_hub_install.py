@@ -13,27 +13,24 @@ hub's, which the tests check by importing them and by the sha256 pip recorded fo
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
 import json
 import os
-import re
 import shlex
-import shutil
 import subprocess
 import sys
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
 import pytest
+from package_index import make_wheel, static_server, write_index
 from packaging.markers import default_environment
-from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from palaestra.hub.client import HubError, PipCommand, inspect_target, install, plan_install, upload
+from palaestra.hub.client import HubError, upload
+from palaestra.hub.install import PipCommand, inspect_target, install, plan_install
 from palaestra.hub.server import HubData
 from palaestra.testing.hub import build_dists, hub_process, write_env_package
 
@@ -48,70 +45,6 @@ VECTORS = ("extra_index_var", "find_links_var", "config_file", "user_config", "u
 
 
 # packages and indexes
-
-
-def make_wheel(
-    out: Path,
-    name: str,
-    version: str,
-    files: dict[str, str],
-    *,
-    requires: tuple[str, ...] = (),
-    tag: str = "py3-none-any",
-) -> Path:
-    """A minimal valid wheel (what a package squatter uploads), written without a build backend."""
-    stem = f"{name.replace('-', '_')}-{version}"
-    info = f"{stem}.dist-info"
-    members = {
-        **files,
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-        + "".join(f"Requires-Dist: {r}\n" for r in requires),
-        f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: {tag}\n",
-    }
-    record = ""
-    for path, text in members.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record += f"{path},sha256={digest},{len(text.encode())}\n"
-    wheel = out / f"{stem}-{tag}.whl"
-    with zipfile.ZipFile(wheel, "w") as z:
-        for path, text in [*members.items(), (f"{info}/RECORD", record + f"{info}/RECORD,,\n")]:
-            z.writestr(path, text)
-    return wheel
-
-
-def write_index(root: Path, wheels: list[Path]) -> None:
-    """A static PEP 503 index of ``wheels``: ``root/simple/NAME/index.html`` linking to ``root/files/``."""
-    (root / "files").mkdir(parents=True)
-    pages: dict[str, str] = {}
-    for wheel in wheels:
-        shutil.copy(wheel, root / "files" / wheel.name)
-        sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        name = canonicalize_name(parse_wheel_filename(wheel.name)[0])
-        pages[name] = (
-            pages.get(name, "") + f'<a href="../../files/{wheel.name}#sha256={sha}">{wheel.name}</a>\n'
-        )
-    for name, links in pages.items():
-        (root / "simple" / name).mkdir(parents=True)
-        (root / "simple" / name / "index.html").write_text(
-            f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n"
-        )
-
-
-@contextlib.contextmanager
-def static_server(folder: Path) -> Iterator[str]:
-    """``python -m http.server`` over ``folder`` on a free port; yields its URL."""
-    command = [sys.executable, *"-u -m http.server --bind 127.0.0.1 --directory".split(), str(folder), "0"]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert server.stdout is not None
-        found = re.search(r"port (\d+)", server.stdout.readline())
-        assert found, "http.server did not start"
-        yield f"http://127.0.0.1:{found.group(1)}/"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        if server.stdout is not None:
-            server.stdout.close()
 
 
 def hub_package(src: Path, name: str, module: str, dependencies: tuple[str, ...]) -> Path:

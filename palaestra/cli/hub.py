@@ -175,10 +175,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from palaestra.hub.client import hub_url, install
+    from palaestra.hub.client import hub_url
+    from palaestra.hub.install import install
 
-    commands = install(hub_url(args.hub), args.requirement, python=args.python, no_deps=args.no_deps,
-                       dry_run=args.dry_run)  # fmt: skip
+    url = hub_url(args.hub)
+    commands = install(url, args.requirement, python=args.python, no_deps=args.no_deps, dry_run=args.dry_run)
     for command in commands:
         print(("would run: " if args.dry_run else "ran: ") + str(command))
     return 0
