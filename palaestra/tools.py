@@ -8,6 +8,10 @@ function runs, so a malformed call becomes an error message for the model, never
 
 Parameters named in ``hidden`` are left out of the schema: the environment fills them (a
 database connection, a session id), see ``StatefulToolEnv``.
+
+What a call returns reaches the model as text, cut to ``max_result_chars`` characters (the
+tool's own, else the environment's, ``DEFAULT_MAX_RESULT_CHARS`` by default) with a marker
+saying how much was cut: a tool that returns a whole file must not fill the context window.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ import pydantic
 
 from palaestra.openai_api import TOOL_NAME as NAME  # what the OpenAI API accepts as a function name
 
+# About 5,000 tokens: several results fit in a 32k-token context, and every result of the bundled
+# environments (20 rows of sql_quiz, a 4,000-character wiki_search section) passes whole.
+DEFAULT_MAX_RESULT_CHARS = 20_000
+
 
 class ToolDefinitionError(TypeError):
     """A function cannot be made into a tool (a bad name, a parameter without a usable type)."""
@@ -42,9 +50,9 @@ class Tool:
     """A callable the model can use: its name, description and parameters schema, and the function.
 
     ``timeout`` (seconds, None: none) bounds each call. ``hidden`` parameters are not in
-    ``parameters``: the environment passes them. Build one with ``Tool.from_function``; a tool
-    whose arguments are checked elsewhere (an MCP server's) can be built directly, with
-    ``validate`` left None.
+    ``parameters``: the environment passes them. ``max_result_chars`` caps the text of a result
+    (None: the environment's cap). Build one with ``Tool.from_function``; a tool whose arguments
+    are checked elsewhere (an MCP server's) can be built directly, with ``validate`` left None.
     """
 
     name: str
@@ -54,6 +62,7 @@ class Tool:
     timeout: float | None = 30.0
     hidden: tuple[str, ...] = ()
     validate: Callable[[str], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    max_result_chars: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME.match(self.name):
@@ -63,6 +72,10 @@ class Tool:
         if self.timeout is not None and not self.timeout > 0:
             raise ToolDefinitionError(
                 f"tool {self.name!r}: timeout must be positive or None, not {self.timeout!r}"
+            )
+        if self.max_result_chars is not None:
+            check_result_cap(
+                self.max_result_chars, f"tool {self.name!r}: max_result_chars", ToolDefinitionError
             )
         if self.parameters.get("type") != "object":
             raise ToolDefinitionError(f"tool {self.name!r}: the parameters schema must be of type 'object'")
@@ -82,6 +95,7 @@ class Tool:
         description: str | None = None,
         timeout: float | None = 30.0,
         hidden: Iterable[str] = (),
+        max_result_chars: int | None = None,
     ) -> Tool:
         """A tool from a plain or ``async`` function; see the module docstring."""
         name = str(name or getattr(func, "__name__", ""))
@@ -126,6 +140,7 @@ class Tool:
             timeout=timeout,
             hidden=hidden,
             validate=functools.partial(_validate, model, name),
+            max_result_chars=max_result_chars,
         )
 
     def arguments(self, raw: str | dict[str, Any] | None) -> dict[str, Any]:
@@ -147,7 +162,14 @@ class Tool:
             return await self.func(**arguments)
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
-        result = await loop.run_in_executor(executor, lambda: context.run(self.func, **arguments))
+
+        def run() -> Any:
+            try:
+                return context.run(self.func, **arguments)
+            except StopIteration as exc:  # an asyncio future cannot hold one: the call would never end
+                raise RuntimeError(f"{self.name} raised StopIteration") from exc
+
+        result = await loop.run_in_executor(executor, run)
         if inspect.isawaitable(result):
             result = await result
         return result
@@ -169,6 +191,23 @@ def result_text(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, default=_plain)
     except (TypeError, ValueError):
         return str(value)
+
+
+def cut_text(text: str, limit: int | None) -> str:
+    """``text`` as the model gets it: whole when it has at most ``limit`` characters (or ``limit``
+    is None), else its first ``limit`` characters and a line saying how many were cut."""
+    if limit is None or len(text) <= limit:
+        return text
+    return (
+        f"{text[:limit]}\n[... {len(text) - limit:,} more characters cut: the result had "
+        f"{len(text):,}, the first {limit:,} are shown]"
+    )
+
+
+def check_result_cap(value: Any, what: str, error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` unless ``value`` is a positive int (a cap on result characters)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise error(f"{what} must be a positive integer or None, not {value!r}")
 
 
 def _plain(value: Any) -> Any:

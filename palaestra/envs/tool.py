@@ -5,9 +5,12 @@ event loop) and their results go back as ``tool`` messages in call order. The ro
 reply has no tool call (stop reason ``no_tool_calls``) or at ``max_turns``.
 
 What goes wrong in a call is the model's to read, not a crash: arguments that are not JSON, an
-unknown tool, missing or wrongly typed arguments, a tool that raises or runs past its timeout
-each answer ``Error: ...`` and are counted. Exceptions of a type listed in ``fatal_errors`` end
-the rollout instead, recorded with stage ``tool``.
+unknown tool, missing or wrongly typed arguments, a tool that raises (anything: ``SystemExit``,
+``KeyboardInterrupt`` and other ``BaseException``s too) or runs past its timeout each answer
+``Error: ...`` and are counted. Only the rollout's own cancellation passes through a call.
+Exceptions of a type listed in ``fatal_errors`` end the rollout instead, recorded with stage
+``tool``. Every result (errors too) is cut to ``max_result_chars`` characters, the tool's own
+cap or the environment's.
 
 Metrics, per rollout: ``tool_calls`` and ``tool_errors`` over all tools, and for each tool
 ``<name>_calls``, ``<name>_errors`` and ``<name>_seconds`` (0 for a tool that was not called).
@@ -23,7 +26,15 @@ from typing import Any
 
 from palaestra.clients.base import ModelClient
 from palaestra.envs.multiturn import EpisodeError, MultiTurnEnv, stop
-from palaestra.tools import Tool, ToolArgumentError, as_tool, result_text
+from palaestra.tools import (
+    DEFAULT_MAX_RESULT_CHARS,
+    Tool,
+    ToolArgumentError,
+    as_tool,
+    check_result_cap,
+    cut_text,
+    result_text,
+)
 from palaestra.types import ErrorInfo, Message, Messages, Rollout, Sampling, State
 
 
@@ -31,8 +42,9 @@ class ToolEnv(MultiTurnEnv):
     """Give the model ``tools`` (functions or ``Tool``s) for up to ``max_turns`` replies.
 
     ``tool_timeout`` is the default per-call timeout of functions given plainly (a ``Tool`` keeps
-    its own). ``max_workers`` threads run sync tools. Other keyword arguments are
-    ``MultiTurnEnv``'s; ``tools`` there means the schemas, which this class builds.
+    its own). ``max_result_chars`` caps the characters of each tool message (None: no cap) for
+    tools without a cap of their own. ``max_workers`` threads run sync tools. Other keyword
+    arguments are ``MultiTurnEnv``'s; ``tools`` there means the schemas, which this class builds.
     """
 
     def __init__(
@@ -43,8 +55,12 @@ class ToolEnv(MultiTurnEnv):
         tool_timeout: float | None = 30.0,
         fatal_errors: tuple[type[BaseException], ...] = (),
         max_workers: int = 16,
+        max_result_chars: int | None = DEFAULT_MAX_RESULT_CHARS,
         **kwargs: Any,
     ) -> None:
+        if max_result_chars is not None:
+            check_result_cap(max_result_chars, "max_result_chars")
+        self.max_result_chars = max_result_chars
         self.tool_timeout = tool_timeout
         self.fatal_errors = tuple(fatal_errors)
         self.tool_map: dict[str, Tool] = {}
@@ -96,37 +112,46 @@ class ToolEnv(MultiTurnEnv):
         call_id = call.get("id", "") if isinstance(call, dict) else ""
         name = function.get("name") if isinstance(function, dict) else None
         stats["tool_calls"] += 1
+        tool = self.tool_map.get(name) if isinstance(name, str) else None
+        limit = (
+            self.max_result_chars if tool is None or tool.max_result_chars is None else tool.max_result_chars
+        )
 
         def reply(text: str, *, error: bool = False) -> Message:
             if error:
                 stats["tool_errors"] += 1
                 if name in self.tool_map:
                     stats[f"{name}_errors"] += 1
-            return {"role": "tool", "tool_call_id": call_id, "content": text}
+            return {"role": "tool", "tool_call_id": call_id, "content": cut_text(text, limit)}
 
-        tool = self.tool_map.get(name) if isinstance(name, str) else None
         if tool is None or not isinstance(function, dict):
             known = ", ".join(self.tool_map) or "none"
-            return reply(f"Error: unknown tool {name!r}; the tools are: {known}.", error=True)
+            return reply(f"Error: unknown tool {name!r:.100}; the tools are: {known}.", error=True)
         stats[f"{tool.name}_calls"] += 1
         try:
             arguments = self.update_tool_args(tool, tool.arguments(function.get("arguments")), state)
         except ToolArgumentError as exc:
             return reply(f"Error: {exc}", error=True)
         start = time.perf_counter()
+        deadline = asyncio.timeout(tool.timeout)
         try:
-            async with asyncio.timeout(tool.timeout):
+            async with deadline:
                 value = await tool.call(arguments, executor=self._executor)
-        except TimeoutError:
-            return reply(f"Error: {tool.name} timed out after {tool.timeout:g} s.", error=True)
-        except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's to read
+            text = result_text(value)
+        except asyncio.CancelledError:
+            if _cancelling():  # the rollout is being cancelled (its timeout, the run): let it go
+                raise
+            return reply(f"Error: {tool.name} raised CancelledError.", error=True)
+        except BaseException as exc:  # noqa: BLE001 - whatever a tool raises is its error, not the run's
+            if isinstance(exc, TimeoutError) and deadline.expired():
+                return reply(f"Error: {tool.name} timed out after {tool.timeout:g} s.", error=True)
+            message = f"{tool.name} raised {describe_exception(exc)}"
             if isinstance(exc, self.fatal_errors):
-                message = f"{tool.name} raised {type(exc).__name__}: {exc}"
-                return EpisodeError(ErrorInfo(type(exc).__name__, message, stage="tool"))
-            return reply(f"Error: {tool.name} raised {type(exc).__name__}: {exc}", error=True)
+                return EpisodeError(ErrorInfo(type(exc).__name__, cut_text(message, limit), stage="tool"))
+            return reply(f"Error: {message}", error=True)
         finally:
             stats[f"{tool.name}_seconds"] += time.perf_counter() - start
-        return reply(result_text(value))
+        return reply(text)
 
     async def episode(self, client: ModelClient, rollout: Rollout, state: State, sampling: Sampling) -> None:
         try:
@@ -152,6 +177,24 @@ class StatefulToolEnv(ToolEnv):
                 f"tool {tool.name!r} needs state.resources {missing}, which setup_state did not set"
             )
         return {**arguments, **{name: state.resources[name] for name in tool.hidden}}
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message`` of what a tool raised, even when its ``str()`` fails; a StopIteration that
+    Python turned into a RuntimeError is named as itself."""
+    if isinstance(exc, RuntimeError) and isinstance(exc.__cause__, StopIteration | StopAsyncIteration):
+        exc = exc.__cause__
+    try:
+        text = str(exc)
+    except BaseException:  # noqa: BLE001 - a broken __str__ must not turn a tool error into a crash
+        text = "(its message cannot be shown)"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _cancelling() -> bool:
+    """Whether the current task is being cancelled (rather than a tool raising CancelledError)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _stats(state: State, tools: dict[str, Tool]) -> dict[str, float]:
