@@ -108,15 +108,17 @@ async def eventually(check: Callable[[], bool], seconds: float = 5.0) -> None:
 
 
 class HTTPServer:
-    """The test MCP server as a streamable-HTTP process on 127.0.0.1; restartable on its port."""
+    """The test MCP server as a streamable-HTTP process on 127.0.0.1; restartable on its port.
+    ``args`` are more of its options (``--misbehave garbage``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *args: str) -> None:
+        self.args = args
         self.port = 0
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
 
     def start(self) -> None:
-        cmd = [*SERVER, "--transport", "http", "--port", str(self.port)]
+        cmd = [*SERVER, "--transport", "http", "--port", str(self.port), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         HTTP_SERVER_PIDS.add(self.proc.pid)
         assert self.proc.stdout is not None
@@ -198,7 +200,7 @@ async def test_tools_listed_and_parallel_calls_answer_in_call_order(
         start = time.perf_counter()
         await env.connect()
         connect_time = time.perf_counter() - start
-        assert set(env.tool_map) == {"add", "echo", "fail", "sleep", "pid", "picture", "getenv", "header"}
+        assert set(env.tool_map) == set("add echo fail sleep pid picture getenv header big garble".split())
         assert env.tool_map["add"].parameters == ADD_SCHEMA  # the server's inputSchema, as it is
         assert env.tool_map["add"].description == "Add two integers."
         [rollout] = await env.run(client)
