@@ -7,23 +7,26 @@ see the same data; examples differ). The model explores it with ``list_tables()`
 match: 1.0 when that query's result set equals the reference query's (rows compared as a
 multiset, order ignored, numbers rounded to 2 decimals).
 
-The connection is read-only for the model (an SQLite authorizer allows reading statements only)
-and each statement runs at most ``query_seconds``. ``teacher`` and ``sloppy`` are scripted
-policies: ``palaestra eval sql_quiz -m scripted:sql_quiz:teacher``.
+The model's connection is locked down (``sql_quiz_db``): an SQLite authorizer allows an allow-list
+only (reading the shop's tables, the SQL functions a quiz needs, a few schema pragmas; no
+writes, ``ATTACH``, extensions or functions that show the process's internals), values and
+statements are size-limited, and each statement runs at most ``query_steps`` virtual-machine
+steps and ``query_seconds``. ``teacher`` and ``sloppy`` are scripted policies:
+``palaestra eval sql_quiz -m scripted:sql_quiz:teacher``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import re
 import sqlite3
-import threading
-import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
+
+from sql_quiz_db import STEP_CHUNK, Database, lock_down
 
 import palaestra as pa
 from palaestra.checks import check_int, check_number
@@ -51,13 +54,10 @@ CATEGORIES = {
     "kitchen": "kettle whisk ladle skillet grater".split(),
     "office": "stapler binder marker folder tape".split(),
 }
-READING = {  # what the model's connection may do: read, nothing else
-    sqlite3.SQLITE_SELECT,
-    sqlite3.SQLITE_READ,
-    sqlite3.SQLITE_FUNCTION,
-    sqlite3.SQLITE_RECURSIVE,
-}
 MAX_ROWS_SHOWN = 20
+MAX_CELL_CHARS = 200  # of one value in a query's output
+MAX_ROWS_COUNTED = 10_000  # a query's output counts its rows up to this
+MAX_ANSWER_ROWS = 1_000  # a final query with more rows is wrong anyway
 
 
 def make_shop(rng: random.Random) -> dict[str, list[tuple[Any, ...]]]:
@@ -92,6 +92,11 @@ def open_shop(shop: dict[str, list[tuple[Any, ...]]]) -> sqlite3.Connection:
         conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
     conn.commit()
     return conn
+
+
+def open_database(shop: dict[str, list[tuple[Any, ...]]], seconds: float, steps: int) -> Database:
+    """A new database holding ``shop``, locked down for the model."""
+    return Database(lock_down(open_shop(shop)), seconds, steps)
 
 
 def _quote(text: str) -> str:
@@ -153,9 +158,14 @@ def make_question(rng: random.Random, conn: sqlite3.Connection) -> tuple[str, st
 
 
 def canonical(rows: list[tuple[Any, ...]] | list[list[Any]]) -> list[list[Any]]:
-    """Rows in a comparable form: numbers rounded to 2 decimals (ints as floats), sorted."""
+    """Rows in a comparable form that JSON holds: numbers rounded to 2 decimals (ints as floats;
+    infinities as text), blobs as their hex literal, sorted."""
 
     def cell(value: Any) -> Any:
+        if isinstance(value, bytes):
+            return f"X'{value.hex().upper()}'"
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return round(float(value), 2)
         return value
@@ -180,37 +190,10 @@ def make_dataset(num_examples: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-@dataclass
-class Database:
-    """One rollout's database: a connection the model may only read, used by one thread at a time."""
-
-    conn: sqlite3.Connection
-    seconds: float
-    lock: threading.Lock
-
-    def run(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """(column names, rows) of one read-only statement; ``sqlite3.Error`` if it fails."""
-        with self.lock:
-            deadline = time.monotonic() + self.seconds
-            self.conn.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
-            try:
-                cursor = self.conn.execute(sql)
-                rows = cursor.fetchall()
-            except sqlite3.OperationalError as exc:
-                if "interrupted" in str(exc):
-                    raise sqlite3.OperationalError(
-                        f"the query ran past {self.seconds:g} s and was stopped"
-                    ) from None
-                raise
-            finally:
-                self.conn.set_progress_handler(None, 0)
-            return [d[0] for d in cursor.description or ()], rows
-
-
 def list_tables(db: Database) -> str:
     """Show the database's tables and their columns (their CREATE statements)."""
-    _, rows = db.run("SELECT sql FROM sqlite_master WHERE type = 'table' ORDER BY name")
-    return "\n".join(row[0] for row in rows)
+    sql = "SELECT sql FROM sqlite_master WHERE type = 'table' ORDER BY name"
+    return "\n".join(row[0] for row in db.run(sql, keep=100, count_up_to=100).rows)
 
 
 def query(sql: str, db: Database) -> str:
@@ -220,34 +203,33 @@ def query(sql: str, db: Database) -> str:
         sql: A single SELECT statement, in SQLite's dialect.
     """
     try:
-        columns, rows = db.run(sql)
+        result = db.run(sql, keep=MAX_ROWS_SHOWN, count_up_to=MAX_ROWS_COUNTED, cell_chars=MAX_CELL_CHARS)
     except sqlite3.Error as exc:
         return f"SQL error: {exc}"
-    lines = [" | ".join(columns)] + [" | ".join(str(v) for v in row) for row in rows[:MAX_ROWS_SHOWN]]
-    more = f"\n... {len(rows) - MAX_ROWS_SHOWN} more rows" if len(rows) > MAX_ROWS_SHOWN else ""
-    return "\n".join(lines) + more + f"\n({len(rows)} rows)"
-
-
-def _read_only(action: int, *args: Any) -> int:
-    return sqlite3.SQLITE_OK if action in READING else sqlite3.SQLITE_DENY
+    lines = [" | ".join(result.columns)] + [" | ".join(str(v) for v in row) for row in result.rows]
+    shown = len(result.rows)
+    if result.more:
+        return "\n".join(lines) + f"\n... more rows\n(more than {result.count} rows; the first {shown} shown)"
+    more = f"\n... {result.count - shown} more rows" if result.count > shown else ""
+    return "\n".join(lines) + more + f"\n({result.count} rows)"
 
 
 class SQLQuizEnv(pa.StatefulToolEnv):
     """The environment; ``open_connections`` counts the databases open now (0 between runs)."""
 
-    def __init__(self, *, query_seconds: float = 2.0, **kwargs: Any) -> None:
+    def __init__(self, *, query_seconds: float = 2.0, query_steps: int = 20_000_000, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.query_seconds = query_seconds
+        self.query_steps = query_steps
         self.open_connections = 0
         self.add_tool(list_tables, hidden=["db"])
         self.add_tool(query, hidden=["db"])
 
     async def setup_state(self, state: pa.State) -> None:
         shop = make_shop(random.Random(state.example.info["shop_seed"]))
-        conn = await asyncio.to_thread(open_shop, shop)
+        db = await asyncio.to_thread(open_database, shop, self.query_seconds, self.query_steps)
         self.open_connections += 1
-        conn.set_authorizer(_read_only)
-        state.resources["db"] = Database(conn, self.query_seconds, threading.Lock())
+        state.resources["db"] = db
 
     async def cleanup_state(self, state: pa.State) -> None:
         db = state.resources.pop("db", None)
@@ -265,12 +247,16 @@ class SQLQuizEnv(pa.StatefulToolEnv):
         if not sql:
             state["answer_error"] = "no <sql> query in the final reply"
             return True
+        run = state.resources["db"].run
         try:
-            _, rows = await asyncio.to_thread(state.resources["db"].run, sql)
+            result = await asyncio.to_thread(run, sql, keep=MAX_ANSWER_ROWS, count_up_to=MAX_ANSWER_ROWS)
         except sqlite3.Error as exc:
             state["answer_error"] = f"{type(exc).__name__}: {exc}"
             return True
-        state["result"] = canonical(rows)
+        if result.more:
+            state["answer_error"] = f"the final query returns more than {MAX_ANSWER_ROWS} rows"
+            return True
+        state["result"] = canonical(result.rows)
         return True
 
 
@@ -286,13 +272,18 @@ def valid_sql(state: pa.State) -> float:
 
 
 def load_environment(
-    num_examples: int = 500, seed: int = 0, max_turns: int = 8, query_seconds: float = 2.0
+    num_examples: int = 500,
+    seed: int = 0,
+    max_turns: int = 8,
+    query_seconds: float = 2.0,
+    query_steps: int = 20_000_000,
 ) -> SQLQuizEnv:
     """The SQL Quiz with ``num_examples`` questions generated from ``seed``."""
     check_int("num_examples", num_examples, minimum=1)
     check_int("seed", seed)
     check_int("max_turns", max_turns, minimum=1)
     check_number("query_seconds", query_seconds, low=0.01)
+    check_int("query_steps", query_steps, minimum=STEP_CHUNK)
     parser = pa.XMLParser(["sql"])
     rubric = pa.Rubric(parser=parser)
     rubric.add(execution_match, weight=1.0)
@@ -304,6 +295,7 @@ def load_environment(
         rubric=rubric,
         max_turns=max_turns,
         query_seconds=query_seconds,
+        query_steps=query_steps,
         tool_timeout=10.0,
     )
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import threading
 from typing import Any
 
 import pytest
@@ -15,10 +14,8 @@ import palaestra as pa
 from palaestra.testing import FakeOpenAIServer
 
 
-def database(seconds: float = 2.0) -> sq.Database:
-    conn = sq.open_shop(sq.make_shop(random.Random(1)))
-    conn.set_authorizer(sq._read_only)
-    return sq.Database(conn, seconds, threading.Lock())
+def database(seconds: float = 2.0, steps: int = 20_000_000) -> sq.Database:
+    return sq.open_database(sq.make_shop(random.Random(1)), seconds, steps)
 
 
 def test_dataset_is_generated_from_the_seed_with_reference_answers() -> None:
@@ -44,18 +41,24 @@ def test_the_model_may_only_read() -> None:
         "PRAGMA writable_schema = ON",
         "CREATE TABLE t (x)",
     ):
-        assert sq.query(sql, db) == "SQL error: not authorized", sql
-    assert sq.query("SELEC nonsense", db).startswith("SQL error: near")
+        assert sq.query(sql, db).startswith("SQL error: not authorized"), sql
+    assert sq.query("SELECT FROM nowhere", db).startswith("SQL error: near")
+    assert sq.query("SELEC nonsense", db).startswith(
+        "SQL error: not authorized: SELEC statement; only SELECT"
+    )
     assert sq.query("SELECT COUNT(*) FROM orders", db).splitlines()[1] == str(
         db.conn.execute("SELECT COUNT(*) FROM orders").fetchone()[0]
     )
 
 
 def test_a_runaway_query_is_stopped() -> None:
-    db = database(seconds=0.2)
     forever = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT MAX(i) FROM n"
+    db = database(seconds=0.2, steps=10**15)
     assert sq.query(forever, db) == "SQL error: the query ran past 0.2 s and was stopped"
     assert "(1 rows)" in sq.query("SELECT 1", db)  # the connection still works
+    db = database(seconds=60, steps=100_000)  # steps: the same on any machine
+    assert sq.query(forever, db) == "SQL error: the query ran more than 100,000 steps and was stopped"
+    assert "(1 rows)" in sq.query("SELECT 1", db)
 
 
 def test_long_results_are_cut_and_say_so() -> None:
