@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from palaestra.binding import Binder
 from palaestra.parsers import Parser
+from palaestra.runner import captured
 from palaestra.types import ErrorInfo, Example, Rollout
 
 STANDARD_ARGS = (
@@ -121,13 +122,13 @@ class Rubric:
                 await self._score_group_func(name, binder, rollouts, values, failed)
                 continue
             # the group's rollouts at once: an async function (a judge, a sandbox) waits in parallel
-            results = await asyncio.gather(*(binder.call(v) for v in values), return_exceptions=True)
+            results = await asyncio.gather(*(captured(binder.call(v)) for v in values))
             for i, (rollout, result) in enumerate(zip(rollouts, results, strict=True)):
                 try:
                     if isinstance(result, BaseException):
                         raise result
                     rollout.metrics[name] = _as_float(name, result)
-                except Exception as exc:  # noqa: BLE001 - any user error becomes a recorded error
+                except BaseException as exc:  # noqa: BLE001 - any user error becomes a recorded error
                     failed.setdefault(i, _reward_error(name, exc))
         elapsed = (time.perf_counter() - start) / max(len(rollouts), 1)
         for i, rollout in enumerate(rollouts):
@@ -151,14 +152,16 @@ class Rubric:
     ) -> None:
         columns = {key: [v[key] for v in values] for key in values[0]} if values else {}
         try:
-            scores = await binder.call(columns)
+            scores = await captured(binder.call(columns))
+            if isinstance(scores, BaseException):
+                raise scores
             if not isinstance(scores, Sequence) or len(scores) != len(rollouts):
                 raise RewardError(
                     f"group reward {name!r} must return {len(rollouts)} floats, got {scores!r:.100}"
                 )
             for rollout, score in zip(rollouts, scores, strict=True):
                 rollout.metrics[name] = _as_float(name, score)
-        except Exception as exc:  # noqa: BLE001 - any user error becomes a recorded error
+        except BaseException as exc:  # noqa: BLE001 - any user error becomes a recorded error
             for i in range(len(rollouts)):
                 failed.setdefault(i, _reward_error(name, exc))
 

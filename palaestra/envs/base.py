@@ -20,6 +20,7 @@ from palaestra.clients.base import ModelClient, ModelError
 from palaestra.clients.limited import rollout_deadline
 from palaestra.parsers import Parser
 from palaestra.rubric import Rubric
+from palaestra.runner import being_cancelled
 from palaestra.types import ErrorInfo, Example, Messages, Rollout, RunSpec, Sampling, State, derive_seed
 
 OnRollout = Callable[[Rollout], Awaitable[None] | None]
@@ -139,7 +140,11 @@ class Environment:
                 timeout = RolloutTimeout(f"rollout exceeded {self.timeout:g}s")
                 rollout.error = ErrorInfo.from_exception(timeout, stage="timeout")
                 rollout.stop_reason = "timeout"
-        except Exception as exc:  # noqa: BLE001 - an episode's failure is recorded, never raised
+        except asyncio.CancelledError as exc:
+            if being_cancelled():  # the run or the engine cancelled this rollout: let it go
+                raise
+            _record(rollout, exc, "env")
+        except BaseException as exc:  # noqa: BLE001 - an episode's failure (SystemExit too) is recorded, never raised
             _record(rollout, exc, "model" if isinstance(exc, ModelError) else "env")
         rollout.timing.total = time.perf_counter() - start
         return rollout

@@ -26,6 +26,7 @@ from typing import Any
 
 from palaestra.clients.base import ModelClient
 from palaestra.envs.multiturn import EpisodeError, MultiTurnEnv, stop
+from palaestra.runner import being_cancelled
 from palaestra.tools import (
     DEFAULT_MAX_RESULT_CHARS,
     Tool,
@@ -139,7 +140,7 @@ class ToolEnv(MultiTurnEnv):
                 value = await tool.call(arguments, executor=self._executor)
             text = result_text(value)
         except asyncio.CancelledError:
-            if _cancelling():  # the rollout is being cancelled (its timeout, the run): let it go
+            if being_cancelled():  # the rollout is being cancelled (its timeout, the run): let it go
                 raise
             return reply(f"Error: {tool.name} raised CancelledError.", error=True)
         except BaseException as exc:  # noqa: BLE001 - whatever a tool raises is its error, not the run's
@@ -189,12 +190,6 @@ def describe_exception(exc: BaseException) -> str:
     except BaseException:  # noqa: BLE001 - a broken __str__ must not turn a tool error into a crash
         text = "(its message cannot be shown)"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _cancelling() -> bool:
-    """Whether the current task is being cancelled (rather than a tool raising CancelledError)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def _stats(state: State, tools: dict[str, Tool]) -> dict[str, float]:

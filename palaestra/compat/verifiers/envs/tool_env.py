@@ -12,6 +12,7 @@ The rubric gets the weight-0 metrics ``total_tool_calls`` and ``<tool>_calls``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,8 @@ from palaestra.compat.verifiers.rubrics.rubric import Rubric
 from palaestra.compat.verifiers.types import State
 from palaestra.compat.verifiers.utils.async_utils import maybe_await
 from palaestra.compat.verifiers.utils.tool_utils import convert_func_to_oai_tool
+from palaestra.runner import being_cancelled
+from palaestra.tools import DEFAULT_MAX_RESULT_CHARS, cut_text
 
 
 def _name(tool: Any) -> str:
@@ -104,7 +107,7 @@ class ToolEnv(MultiTurnEnv):
         self.tool_monitor_rubric = ToolMonitorRubric(tools=self.tools)
         self.add_rubric(self.tool_monitor_rubric)
 
-    def _should_stop_for_error(self, err: Exception) -> bool:
+    def _should_stop_for_error(self, err: BaseException) -> bool:
         return any(isinstance(err, kind) for kind in self.stop_errors)
 
     def add_tool(self, tool: Callable[..., Any]) -> None:
@@ -135,9 +138,15 @@ class ToolEnv(MultiTurnEnv):
     ) -> dict[str, Any]:
         """Call ``tool_name`` with ``tool_args``; its result as a tool message."""
         result = await maybe_await(self.tool_map[tool_name], **tool_args)
-        return {"role": "tool", "content": str(result), "tool_call_id": tool_call_id}
+        return {
+            "role": "tool",
+            "content": cut_text(str(result), DEFAULT_MAX_RESULT_CHARS),
+            "tool_call_id": tool_call_id,
+        }
 
-    def _error_message(self, exc: Exception, tool_call_id: str) -> dict[str, Any]:
+    def _error_message(self, exc: BaseException, tool_call_id: str) -> dict[str, Any]:
+        if not isinstance(exc, Exception):  # SystemExit and kin: verifiers' formatters take an Exception
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
         return {"role": "tool", "content": self.error_formatter(exc), "tool_call_id": tool_call_id}
 
     def _parse_call(self, tool_call: dict[str, Any]) -> tuple[str, str, Any]:
@@ -154,7 +163,8 @@ class ToolEnv(MultiTurnEnv):
         for tool_call in messages[-1].get("tool_calls") or []:
             try:
                 call_id, name, args = self._parse_call(tool_call)
-            except Exception as exc:
+            except BaseException as exc:
+                _reraise_cancellation(exc)
                 if self._should_stop_for_error(exc):
                     raise errors.ToolParseError from exc
                 out.append(self._error_message(exc, tool_call.get("id", "")))
@@ -162,8 +172,15 @@ class ToolEnv(MultiTurnEnv):
             args = self._tool_args(name, args, messages, state, **kwargs)
             try:
                 out.append(await self.call_tool(name, args, call_id))
-            except Exception as exc:
+            except BaseException as exc:
+                _reraise_cancellation(exc)
                 if self._should_stop_for_error(exc):
                     raise errors.ToolCallError from exc
                 out.append(self._error_message(exc, call_id))
         return out
+
+
+def _reraise_cancellation(exc: BaseException) -> None:
+    """Let the rollout's own cancellation go through; any other exception is the tool's."""
+    if isinstance(exc, asyncio.CancelledError) and being_cancelled():
+        raise exc
