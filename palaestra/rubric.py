@@ -204,5 +204,5 @@ def _as_float(name: str, value: Any) -> float:
     return float(value)
 
 
-def _reward_error(name: str, exc: Exception) -> ErrorInfo:
+def _reward_error(name: str, exc: BaseException) -> ErrorInfo:
     return ErrorInfo(type=type(exc).__name__, message=f"in {name}: {exc}", stage="scoring")
