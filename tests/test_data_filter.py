@@ -164,3 +164,66 @@ def test_data_filter_refuses_to_overwrite_and_writes_nothing_when_nothing_passes
     assert err.count("\n") == 1 and "no rollout passed" in err and not nothing.exists()
     assert main(["data", "filter", str(teacher_run), "-o", str(nothing), "-w", "open('x')"]) == 2
     assert "not allowed" in capsys.readouterr().err
+
+
+HOSTILE = {
+    "parentheses": "(" * 5000 + "reward" + ")" * 5000,
+    "nots": "not " * 5000 + "reward",
+    "minus signs": "-" * 5000 + "reward > 0",
+    "a chain of and": " and ".join(["reward > 0"] * 20000),
+    "a chain of comparisons": " < ".join(["reward"] * 20000),
+    "nots under the length limit": "not " * 490 + "reward",
+    "minus signs under the length limit": "-" * 1900 + "reward > 0",
+    "parentheses under the length limit": "(" * 900 + "reward" + ")" * 900,
+    "nested and/or under the length limit": "(reward > 0 and " * 100 + "reward" + ")" * 100,
+}
+
+
+@pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_condition_nested_or_chained_thousands_deep_is_refused_at_once(
+    text: str, teacher_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import resource
+    import time
+
+    memory_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.process_time()
+    with pytest.raises(ConditionError) as caught:
+        Condition.parse(text)
+    assert time.process_time() - start < 0.5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - memory_before < 50_000  # kB
+    message = str(caught.value)
+    assert len(message) < 300 and "\n" not in message  # the condition is cut in the message
+    assert any(why in message for why in ("longer than 2,000 characters", "deep", "too many nested"))
+
+    out = tmp_path / "sft"
+    assert main(["data", "filter", str(teacher_run), "-o", str(out), "-w", text]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("palaestra: error: condition") or err.startswith("palaestra: error: cannot parse")
+    assert err.count("\n") == 1 and "Traceback" not in err and not out.exists()
+
+
+def test_conditions_within_the_limits_still_hold() -> None:
+    deep = Condition.parse("not " * 30 + "reward > 0")  # 30 nots, the comparison, its operands: 32 levels
+    assert deep.holds(rollout(0, 1.0)) is True
+    long_and = Condition.parse(" and ".join(["reward > 0"] * 130))  # 1,945 characters
+    assert long_and.holds(rollout(0, 1.0)) is True and long_and.holds(rollout(0, 0.0)) is False
+
+
+@pytest.mark.parametrize(
+    ("jsonl", "message"),
+    [
+        ("no/such/folder/rows.jsonl", "no folder"),
+        ("sft", "the same path"),
+        ("a_file/rows.jsonl", "is a file"),
+    ],
+)
+def test_an_unwritable_jsonl_is_refused_before_any_run_is_read(
+    teacher_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], jsonl: str, message: str
+) -> None:
+    (tmp_path / "a_file").write_text("keep")
+    out = tmp_path / "sft"
+    assert main(["data", "filter", str(teacher_run), "-o", str(out), "--jsonl", str(tmp_path / jsonl)]) == 2
+    captured = capsys.readouterr()
+    assert "kept" not in captured.out  # refused before filtering
+    assert captured.err.count("\n") == 1 and message in captured.err and not out.exists()

@@ -47,9 +47,7 @@ def add_data_parser(sub: Any) -> None:
 
 
 def cmd_filter(args: argparse.Namespace) -> int:
-    for path in (args.output, args.jsonl):
-        if path is not None and path.exists():
-            raise UsageError(f"{path} exists; give a new path (nothing is overwritten)")
+    _check_outputs(args.output, args.jsonl)
     conditions = [Condition.parse(text) for text in args.where]
     rollouts: list[Rollout] = []
     for run_dir in args.runs:
@@ -102,3 +100,23 @@ def cmd_filter(args: argparse.Namespace) -> int:
         raise
     print(f"dataset: {args.output}" + (f"; jsonl: {args.jsonl}" if args.jsonl else ""))
     return 0
+
+
+def _check_outputs(output: Path, jsonl: Path | None) -> None:
+    """Refuse, before reading any run, outputs that exist or could not be written where they are."""
+    for flag, path in (("-o", output), ("--jsonl", jsonl)):
+        if path is None:
+            continue
+        if path.exists() or path.is_symlink():
+            raise UsageError(f"{flag} {path} exists; give a new path (nothing is overwritten)")
+        parent = next((p for p in path.absolute().parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise UsageError(f"{flag} {path}: {parent} is a file, not a folder")
+    if jsonl is not None and jsonl.absolute() == output.absolute():
+        raise UsageError(f"-o and --jsonl are the same path ({output}); the dataset is a folder")
+    if (
+        jsonl is not None
+        and not jsonl.absolute().parent.is_dir()
+        and output.absolute() not in jsonl.absolute().parents
+    ):
+        raise UsageError(f"--jsonl {jsonl}: no folder {jsonl.parent}")

@@ -4,7 +4,9 @@
 format_reward == 1``: names are ``reward``, any reward function or metric, ``turns``,
 ``stop_reason`` and ``env`` (an ``EnvGroup`` rollout's environment); values are numbers or quoted words (``stop_reason == "game_over"``). It is parsed with Python's own grammar and then
 interpreted node by node over a small set of allowed forms — never ``eval``-ed — so a condition
-cannot run code.
+cannot run code. A condition is at most ``MAX_CHARS`` characters and ``MAX_DEPTH`` levels deep, so
+parsing and applying one takes bounded time and memory (Python's parser and a recursive walk
+would otherwise fail with a ``RecursionError`` on ``not not not ...``).
 
 ``filter_rollouts`` applies conditions, drops rollouts that failed or whose final reply was cut at
 ``max_tokens`` (unless asked not to), says which condition dropped each, and counts text that a
@@ -37,8 +39,17 @@ REFUSALS = re.compile(
 )
 
 
+MAX_CHARS = 2000  # a longer condition is a generated one gone wrong: give several --where instead
+MAX_DEPTH = 32  # nesting of and/or/not/comparisons/minus
+
+
 class ConditionError(ValueError):
     """A condition that is not one this filter understands."""
+
+
+def _shown(text: str) -> str:
+    """A condition for an error message: cut to its first 60 characters."""
+    return repr(text) if len(text) <= 60 else repr(text[:60]) + f"... ({len(text):,} characters)"
 
 
 @dataclass(frozen=True)
@@ -50,12 +61,23 @@ class Condition:
 
     @classmethod
     def parse(cls, text: str) -> Condition:
+        text = text.strip()
+        if len(text) > MAX_CHARS:
+            raise ConditionError(
+                f"condition {_shown(text)} is longer than {MAX_CHARS:,} characters; "
+                "give several --where conditions instead (all must hold)"
+            )
         try:
-            tree = ast.parse(text.strip(), mode="eval").body
+            tree = ast.parse(text, mode="eval").body
         except SyntaxError as exc:
-            raise ConditionError(f"cannot parse condition {text!r}: {exc.msg}") from None
+            raise ConditionError(f"cannot parse condition {_shown(text)}: {exc.msg}") from None
+        except (RecursionError, MemoryError):  # the parser's own limit on nesting
+            raise ConditionError(f"condition {_shown(text)} is nested more than {MAX_DEPTH} deep") from None
+        depth = _depth(tree)
+        if depth > MAX_DEPTH:
+            raise ConditionError(f"condition {_shown(text)} is nested {depth} deep, more than {MAX_DEPTH}")
         _check(tree, text)
-        return cls(text.strip(), tree)
+        return cls(text, tree)
 
     def holds(self, rollout: Rollout) -> bool:
         return bool(_value(self.tree, rollout))
@@ -67,6 +89,16 @@ class Condition:
 _WORDS = {"true": True, "false": False, "none": None, "True": True, "False": False, "None": None}
 
 
+def _depth(tree: ast.AST) -> int:
+    """How deep ``tree``'s expressions nest, found without recursion (it may be thousands deep)."""
+    deepest, todo = 0, [(tree, 1)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        todo.extend((child, depth + 1) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr))
+    return deepest
+
+
 def _check(node: ast.AST, text: str) -> None:
     """Allow only: and/or/not, comparisons, names, numbers, strings, a leading minus."""
     allowed = (ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.Compare, ast.Name,
@@ -75,10 +107,10 @@ def _check(node: ast.AST, text: str) -> None:
         if not isinstance(child, allowed):
             what = type(child).__name__
             raise ConditionError(
-                f"condition {text!r}: {what} is not allowed (use names, numbers, comparisons, and/or/not)"
+                f"condition {_shown(text)}: {what} is not allowed (use names, numbers, comparisons, and/or/not)"
             )
         if isinstance(child, ast.Constant) and not isinstance(child.value, (int, float, str)):
-            raise ConditionError(f"condition {text!r}: {child.value!r} is not a number or a word")
+            raise ConditionError(f"condition {_shown(text)}: {child.value!r} is not a number or a word")
 
 
 def _value(node: ast.expr, rollout: Rollout) -> Any:
