@@ -5,8 +5,14 @@ input. The environment is a one-turn toy whose reward a random model's replies a
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +21,9 @@ import pytest
 import palaestra as pa
 from palaestra.cli import main
 from palaestra.registry import EnvironmentArgsError
+from palaestra.train import checkpoint as ckpt
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
@@ -151,7 +158,7 @@ def test_a_lora_run_samples_through_the_adapter(
         (["--env.id", "no-such-env"], "env.args: unknown environment 'no-such-env'"),
         (
             ["--sampling.temperature", "0"],
-            "need 0 < temperature (greedy rollouts of one example are all alike",
+            "need 0 < temperature < 100 (greedy rollouts of one example are all alike",
         ),
         (["--eval.sets", '[{name = "x", args = {nope = 1}}]'], "eval.sets x: environment 'toy'"),
         (["--model.path", "/no/such/model"], "/no/such/model"),
@@ -286,3 +293,128 @@ async def test_the_trainer_scores_sampled_tokens_as_the_sampler_did(
         assert not torch.allclose(wrong, sampler, atol=1e-2)
     finally:
         await client.aclose()
+
+
+# --- a run killed mid-step resumes to the very steps and weights of an uninterrupted one -----------
+
+LENGTH_ENV = '''
+"""A one-turn toy whose reward is the reply's length: a random model's replies spread it in every group."""
+import os
+import time
+from pathlib import Path
+
+import palaestra as pa
+
+CALLS = [0]
+
+
+def reply_length(completion):
+    CALLS[0] += 1
+    if CALLS[0] == int(os.environ.get("LENGTH_TOY_HANG_AT", "0")):  # mid-step: scoring this step's batch
+        Path(os.environ["LENGTH_TOY_MARKER"]).write_text(str(CALLS[0]))
+        time.sleep(600)
+    return len(str(completion[-1]["content"])) / 32
+
+
+def load_environment(num_examples: int = 8):
+    rows = [{"question": f"say something {i}"} for i in range(num_examples)]
+    return pa.SingleTurnEnv(dataset=rows, rubric=pa.Rubric([reply_length]))
+'''
+
+
+def length_env_site(root: Path) -> Path:
+    """A folder that, on ``PYTHONPATH``, installs the environment ``length_toy`` (an entry point)."""
+    site = root / "site"
+    (site / "length_toy-0.1.dist-info").mkdir(parents=True)
+    (site / "length_toy.py").write_text(LENGTH_ENV)
+    (site / "length_toy-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: length-toy\nVersion: 0.1\n"
+    )
+    (site / "length_toy-0.1.dist-info" / "entry_points.txt").write_text(
+        "[palaestra.environments]\nlength_toy = length_toy:load_environment\n"
+    )
+    return site
+
+
+def spawn_rl(site: Path, *args: Any, **env: str) -> subprocess.Popen[str]:
+    """``palaestra train rl ARGS`` in a process of its own, on one thread, with ``length_toy`` installed."""
+    environ = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **env}
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    argv = [sys.executable, "-m", "palaestra.cli", "train", "rl", *map(str, args), "--quiet"]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+
+
+def finished(proc: subprocess.Popen[str]) -> str:
+    """The progress lines of a run that ended well."""
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    return err
+
+
+def step_figures(run_dir: Path) -> list[dict[str, Any]]:
+    """Each step's record without its timings (which differ run to run)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in r.items() if not k.startswith("seconds") and not k.endswith("_per_s")}
+        for r in records
+    ]
+
+
+def test_a_run_sigkilled_mid_step_resumes_to_the_uninterrupted_runs_steps_and_weights(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    site = length_env_site(tmp_path)
+    config = tmp_path / "rl.toml"
+    config.write_text(f"""
+[model]
+path = "{tiny_model_dir}"
+[env]
+id = "length_toy"
+[sampling]
+max_tokens = 8
+[optim]
+lr = 1e-2
+[train]
+steps = 4
+batch_size = 8
+rollouts_per_example = 4
+max_concurrent = 1  # one request at a time: the same batches of rows, so the same floats, in every run
+threads = 1
+[output]
+save_every = 1
+sample_every = 0
+""")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    finished(spawn_rl(site, config, "--output.dir", whole))
+    figures = step_figures(whole)
+    assert [r["step"] for r in figures] == [1, 2, 3, 4]
+    assert all(r["zero_groups"] < r["groups"] and r["trained_tokens"] > 0 for r in figures)  # a signal
+    weights = [load_file(tiny_model_dir / "model.safetensors")] + [
+        load_file(whole / "checkpoints" / f"step-{n:06d}" / "model.safetensors") for n in range(1, 5)
+    ]
+    for before, after in itertools.pairwise(weights):  # every step moved the weights
+        assert any(not torch.equal(before[k], after[k]) for k in before)
+
+    marker = tmp_path / "scoring-step-3"
+    proc = spawn_rl(site, config, "--output.dir", cut, LENGTH_TOY_HANG_AT="19", LENGTH_TOY_MARKER=str(marker))
+    try:  # 8 rollouts a step: the 19th reward is step 3's third
+        deadline = time.monotonic() + 90
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    assert ckpt.latest_checkpoint(cut) == cut / "checkpoints" / "step-000002"
+    assert not (cut / "final").exists() and step_figures(cut) == figures[:2]
+
+    progress = finished(spawn_rl(site, "--resume", cut))
+    assert "step 1/4" not in progress and "step 2/4" not in progress and "step 3/4" in progress  # from step 2
+    assert step_figures(cut) == figures  # steps 3 and 4 exactly as the uninterrupted run took them
+    a, b = (load_file(run / "final" / "model.safetensors") for run in (whole, cut))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

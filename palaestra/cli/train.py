@@ -2,8 +2,8 @@
 
 ``palaestra train sft CONFIG.toml [--section.key VALUE ...]`` or ``palaestra train sft --resume
 RUN_DIR [--section.key VALUE ...]``. A bad config, bad data or an impossible setting is one line
-and exit status 2, found before training starts; a run that diverges (NaN loss) is one line and
-exit status 1, keeping its checkpoints.
+and exit status 2, found before anything is written; a run that diverges (NaN loss) or cannot
+write (a full disk) is one line and exit status 1, keeping its checkpoints.
 """
 
 from __future__ import annotations
@@ -95,30 +95,41 @@ def _train(args: argparse.Namespace, kind: str) -> int:
 
     from palaestra.train.config import load_config, parse_overrides
 
-    overrides = parse_overrides(args.overrides)
     if args.resume is not None and args.config is not None:
         raise UsageError("give a CONFIG or --resume RUN_DIR, not both (a resumed run keeps its config)")
     if args.resume is None and args.config is None:
         raise UsageError("give a CONFIG file (or --resume RUN_DIR)")
     _check_train_extra()
-    trainer = importlib.import_module(f"palaestra.train.{kind}")  # sft.py or rl.py
-    if args.resume is not None:
-        config = trainer.resume_config(args.resume, overrides)
-    else:
-        config_module = importlib.import_module(f"palaestra.train.{kind}_config")
-        config = load_config(getattr(config_module, f"{kind.upper()}Config"), args.config, overrides)
     from palaestra.train.common import TrainingError
 
+    trainer = importlib.import_module(f"palaestra.train.{kind}")  # sft.py or rl.py
+    try:
+        overrides = parse_overrides(args.overrides)
+        if args.resume is not None:
+            config = trainer.resume_config(args.resume, overrides)
+        else:
+            config_module = importlib.import_module(f"palaestra.train.{kind}_config")
+            config = load_config(getattr(config_module, f"{kind.upper()}Config"), args.config, overrides)
+    except (ValueError, OSError) as exc:
+        raise UsageError(one_line(exc)) from None
     try:
         getattr(trainer, f"train_{kind}")(config, resume=args.resume, progress=None if args.quiet else True)
     except TrainingError as exc:
-        print(f"palaestra: error: {exc}", file=sys.stderr)
+        print(f"palaestra: error: {one_line(exc)}", file=sys.stderr)
         return 1
+    except (ValueError, OSError) as exc:  # a refusal (ConfigError is one), found before anything is written
+        raise UsageError(one_line(exc)) from None
     except KeyboardInterrupt:
         run_dir = args.resume or Path(config.output.dir)
         raise KeyboardInterrupt(f"interrupted; continue from the last checkpoint with: "
                                 f"palaestra train {kind} --resume {run_dir}") from None  # fmt: skip
     return 0
+
+
+def one_line(exc: BaseException, limit: int = 2000) -> str:
+    """An error as one line: libraries' messages (transformers', torch's) often span several."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _check_train_extra() -> None:

@@ -5,7 +5,9 @@ transformers folder) and ``trainer_state.pt``: the step, the optimizer and sched
 RNG states and a fingerprint of the tokenised data. The data order is a pure function of the
 seed and the step, so these are all a resumed run needs to take the very step the uninterrupted
 run would have taken. A checkpoint is written under a temporary name and renamed when complete, so
-a killed save never leaves half a checkpoint; ``RUN_DIR/final`` links to the last one.
+a killed save never leaves half a checkpoint; ``RUN_DIR/final`` links to the last one. A save that
+fails (a full disk) removes its temporary folder and stops the run with one line that says which
+folder, how much it needed and how much is free; the checkpoints before it stay as they were.
 """
 
 from __future__ import annotations
@@ -37,30 +39,52 @@ def save_checkpoint(
     scheduler: Any,
     extra: dict[str, Any],
 ) -> Path:
-    """Write the checkpoint of ``step`` (replacing one of the same step) and return its folder."""
+    """Write the checkpoint of ``step`` (replacing one of the same step) and return its folder.
+
+    A failed write raises ``TrainingError`` (one line: the folder, the space it needs and the space
+    left, the last good checkpoint) after removing the temporary folder."""
     import torch
 
     target = checkpoint_dir(run_dir, step)
     tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(model, tokenizer, tmp)
-    state = {
-        "step": step,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": {
-            "python": random.getstate(),
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        },
-        **extra,
-    }
-    torch.save(state, tmp / STATE_FILE)
-    if target.exists():
-        shutil.rmtree(target)
-    tmp.rename(target)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_model(model, tokenizer, tmp)
+        state = {
+            "step": step,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": {
+                "python": random.getstate(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            },
+            **extra,
+        }
+        torch.save(state, tmp / STATE_FILE)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # no half checkpoint, and its space back
+        # here, not at the top: common.py imports this module
+        from palaestra.train.common import write_failed
+
+        needed = checkpoint_bytes(model, optimizer)
+        last = latest_checkpoint(run_dir)
+        raise write_failed(exc, last, path=target, what="the checkpoint", needed=needed, step=step) from None
     return target
+
+
+def checkpoint_bytes(model: Any, optimizer: Any) -> int:
+    """About what a checkpoint takes on disk: the weights (float32) and the optimizer's states."""
+    import torch
+
+    size = sum(p.numel() * 4 for p in model.parameters())
+    for per_param in optimizer.state_dict().get("state", {}).values():
+        size += sum(v.numel() * v.element_size() for v in per_param.values() if isinstance(v, torch.Tensor))
+    return size
 
 
 def link_final(run_dir: Path, checkpoint: Path) -> Path:
@@ -72,6 +96,12 @@ def link_final(run_dir: Path, checkpoint: Path) -> Path:
     tmp.symlink_to(os.path.relpath(checkpoint, run_dir))
     tmp.replace(link)
     return link
+
+
+def final_target(run_dir: Path) -> Path | None:
+    """The checkpoint ``RUN_DIR/final`` points at now (relative to ``run_dir``), or None."""
+    link = run_dir / FINAL_LINK
+    return Path(os.readlink(link)) if link.is_symlink() else None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -4,7 +4,9 @@ Generic on purpose: any tree of frozen dataclasses is a config (the SFT trainer'
 trainer's). A TOML table is a nested dataclass; ``--section.key VALUE`` overrides one key (the
 value is read as a TOML value, or as plain text for a string). Unknown keys, missing keys, wrong
 types and failed value checks (a dataclass's ``__post_init__`` raising ``ValueError``) all raise
-``ConfigError``: one line that names the key, before any work starts.
+``ConfigError``: one line that names the key, before any work starts. Every number is checked
+here whatever its field: a float must be finite (``1e400`` reads as infinity; ``nan`` and ``inf``
+are valid TOML) and an integer must fit in 64 bits; each dataclass then checks its own ranges.
 
 Supported field types: ``bool``, ``int``, ``float`` (an integer is accepted), ``str``,
 ``Literal[...]``, ``tuple[T, ...]``/``tuple[T, U]``/``list[T]``, a nested dataclass, a free-form
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 
 
 class ConfigError(ValueError):
@@ -39,17 +42,29 @@ def load_config(
     if path is not None:
         source = str(path)
         try:
-            data = tomllib.loads(Path(path).read_text())
+            text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read the config file {path}: {exc}") from None
+        data = _read_toml(text, str(path))
     for key, text in (overrides or {}).items():
         set_override(cls, data, key, text)
     try:
         return from_dict(cls, data)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+
+
+def _read_toml(text: str, what: str) -> dict[str, Any]:
+    """Parsed TOML, or ConfigError: tomllib raises ``ValueError`` past 4,300 digits and
+    ``RecursionError`` for arrays nested a thousand deep, besides its own ``TOMLDecodeError``."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{what} is nested too deeply") from None
+    except ValueError as exc:  # TOMLDecodeError is one
+        raise ConfigError(f"{what} is not valid TOML: {exc}") from None
 
 
 def parse_overrides(tokens: Sequence[str]) -> dict[str, str]:
@@ -175,12 +190,17 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
         if value is None:
             if type(None) in args:
                 return None
+        table = _dataclass_of(hint)
+        if table is not None and isinstance(value, Mapping):  # an optional table: its own errors name the key
+            return from_dict(table, value, key)
+        closest: ConfigError | None = None  # the error of the option of the value's own kind
         for option in (a for a in args if a is not type(None)):
             try:
                 return _convert(value, option, key)
-            except ConfigError:
-                continue
-        raise _wrong(value, hint, key)
+            except ConfigError as exc:
+                if _same_kind(value, option):
+                    closest = exc
+        raise closest or _wrong(value, hint, key)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, Mapping):
             raise _wrong(value, hint, key)
@@ -209,10 +229,21 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
             return value
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not INT_MIN <= value <= INT_MAX:  # TOML's integers are 64-bit; torch's seeds and sizes too
+                raise ConfigError(
+                    f"{key} must be an integer between -2**63 and 2**63 - 1, got {_clip(str(value))}"
+                )
             return value
     elif hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an integer past float's range
+                number = math.inf
+            if not math.isfinite(number):  # 1e400 reads as inf; nan and inf are valid TOML
+                shown = value if isinstance(value, float) else f"an integer of {len(str(abs(value)))} digits"
+                raise ConfigError(f"{key} must be a finite number, got {shown}")
+            return number
     elif hint is str:
         if isinstance(value, str):
             return value
@@ -221,8 +252,19 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
     raise _wrong(value, hint, key)
 
 
+def _same_kind(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the kind ``hint`` takes, so that its error (a range, say) is the one to show."""
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if typing.get_origin(hint) in (list, tuple):
+        return isinstance(value, (list, tuple))
+    return isinstance(hint, type) and isinstance(value, hint)
+
+
 def _wrong(value: Any, hint: Any, key: str) -> ConfigError:
-    shown = (
+    shown = _clip(
         json.dumps(value, default=str) if not isinstance(value, float) or math.isfinite(value) else str(value)
     )
     return ConfigError(f"{key} must be {_describe(hint)}, got {shown} ({type(value).__name__})")
@@ -234,11 +276,18 @@ def _parse_text(text: str, hint: Any, key: str) -> Any:
     if text.strip().lower() in ("none", "null") and type(None) in options:
         return None
     try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+        return _read_toml(f"v = {text}", f"--{key}")["v"]
+    except ConfigError as exc:
         if any(_accepts_text(o) for o in options):
             return text  # a bare word for a string field: --model.path smollm2
-        raise ConfigError(f"--{key} must be {_describe(hint)}, got {text!r}") from None
+        if "nested too deeply" in str(exc):
+            raise
+        raise ConfigError(f"--{key} must be {_describe(hint)}, got {_clip(text)!r}") from None
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters for an error message (a value can be megabytes)."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
 
 
 def _accepts_text(hint: Any) -> bool:

@@ -25,8 +25,11 @@ class MetricsLog:
     def __init__(self, run_dir: Path, *, after_step: int = 0) -> None:
         self.path = run_dir / METRICS_FILE
         if self.path.exists():  # a resumed run repeats the steps after its checkpoint: keep one copy
-            kept = [line for line in read_metrics(self.path) if line.get("step", 0) <= after_step]
-            self.path.write_text("".join(json.dumps(line) + "\n" for line in kept))
+            kept = [line for line in read_metrics(self.path) if _step_of(line) <= after_step]
+            # replaced whole, through a temporary file: a kill leaves the old log or the new one
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(line) + "\n" for line in kept))
+            tmp.replace(self.path)
 
     def write(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as out:
@@ -113,6 +116,12 @@ class TrainProgress:
             self._bar.console.print(text, soft_wrap=True)
         elif not self.quiet:
             print(text, file=self.file, flush=True)
+
+
+def _step_of(record: dict[str, Any]) -> float:
+    """A record's step; a damaged one (not a number) counts as after every checkpoint, so it is dropped."""
+    step = record.get("step", 0)
+    return step if isinstance(step, (int, float)) and not isinstance(step, bool) else math.inf
 
 
 def _finite(value: Any) -> Any:

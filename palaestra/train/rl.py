@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -40,11 +41,18 @@ from palaestra.registry import load_environment
 from palaestra.train import checkpoint as ckpt
 from palaestra.train.advantages import group_advantages
 from palaestra.train.common import (
+    CONFIG_FILE,
     TrainingError,
     diverged,
-    find_checkpoint,
+    first_writes,
     optimizer_and_schedule,
+    out_of_memory_is_a_config_error,
     pick_device,
+    pinned,
+    point_final,
+    set_threads,
+    start_from,
+    writes_stop_the_run,
 )
 from palaestra.train.config import ConfigError, load_config, to_toml
 from palaestra.train.curves import write_curves
@@ -64,8 +72,6 @@ from palaestra.train.rl_config import RLConfig
 from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
 from palaestra.train.sft_config import ModelConfig
 from palaestra.types import Example, Rollout, RunSpec, Sampling, derive_seed
-
-CONFIG_FILE = "config.toml"
 
 
 class Sampler(Protocol):
@@ -115,10 +121,10 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     import torch
 
     # -- check the input and load everything, before any work --------------------------------------
+    config = dataclasses.replace(config, model=pinned(config.model))  # an SFT run's final -> its checkpoint
     run_dir = resume or Path(config.output.dir)
-    checkpoint, state = _checkpoint_to_resume(run_dir, resume, config)
-    if config.train.threads:
-        torch.set_num_threads(config.train.threads)
+    checkpoint, state = start_from(run_dir, resume is not None, config.train.steps)
+    set_threads(config.train.threads)
     device = pick_device(config.train.device)
     bf16 = config.train.mixed_precision == "bf16" or (
         config.train.mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -130,19 +136,20 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     model_config = config.model
     if checkpoint is not None and not config.lora.enabled:  # full fine-tuning resumes from the saved weights
         model_config = ModelConfig(path=str(checkpoint), attn_implementation=config.model.attn_implementation)
-    model, tokenizer = load_model(
-        model_config, lambda: message_texts(e.prompt for e in env.examples), device=device
-    )
-    _check_template(tokenizer, env)
-    reference = None
-    if config.loss.kl_beta > 0:
-        reference = backbone_and_head(copy.deepcopy(model).eval().requires_grad_(False))
-    if config.lora.enabled:
-        model = load_adapter(model, checkpoint / ADAPTER_DIR) if checkpoint else add_lora(model, config.lora)
+    with out_of_memory_is_a_config_error(f"model {model_config.path or 'tiny'}"):
+        model, tokenizer = load_model(
+            model_config, lambda: message_texts(e.prompt for e in env.examples), device=device
+        )
+        _check_template(tokenizer, env)
+        reference = None
+        if config.loss.kl_beta > 0:
+            reference = backbone_and_head(copy.deepcopy(model).eval().requires_grad_(False))
+        if config.lora.enabled:
+            model = (
+                load_adapter(model, checkpoint / ADAPTER_DIR) if checkpoint else add_lora(model, config.lora)
+            )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampler = LocalSampler(model, tokenizer, max_batch_size=config.train.max_concurrent)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(to_toml(config))
     trainable, total = parameter_counts(model)
     say = print if progress is not False else (lambda *_: None)
     groups_per_step = config.train.batch_size // config.train.rollouts_per_example
@@ -159,15 +166,17 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     loss_config = LossConfig(name=config.loss.name, eps_low=config.loss.eps_low, eps_high=config.loss.eps_high,
                              mask_low=config.loss.mask_low, mask_high=config.loss.mask_high,
                              kl_beta=config.loss.kl_beta, max_tokens=config.sampling.max_tokens)  # fmt: skip
-    sampling = Sampling(temperature=config.sampling.temperature, top_p=config.sampling.top_p,
-                        max_tokens=config.sampling.max_tokens, logprobs=True)  # fmt: skip
+    sampling = config.sampling.as_sampling()
+    with first_writes(run_dir, new=resume is None):  # after every check: a refusal writes nothing
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / CONFIG_FILE).write_text(to_toml(config))
     log = MetricsLog(run_dir, after_step=start)
     show = RLProgress(config.train.steps, done=start, log_every=config.output.log_every,
                       plain=None if progress else True, quiet=progress is False)  # fmt: skip
     last_saved = checkpoint
     model.eval()
     try:
-        with show:
+        with show, writes_stop_the_run(lambda: last_saved):
             if start == 0 and eval_envs:  # where the policy starts from
                 log.write({"step": 0, **await _evaluate(eval_envs, sampler, config, run_dir, 0)})
 
@@ -225,7 +234,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
         await sampler.aclose()
         for each in {id(e): e for e in [env, *(e for _, e in eval_envs)]}.values():
             await each.aclose()
-    final = ckpt.link_final(run_dir, last_saved) if last_saved is not None else run_dir
+    final = point_final(run_dir, last_saved) if last_saved is not None else run_dir
     say(f"done: {final} (curves: {run_dir / 'curves.html'})")
     return run_dir
 
@@ -343,14 +352,6 @@ def _save_run(path: Path, rollouts: list[Rollout], metadata: RunMetadata) -> Non
     store = RunStore(path)
     store.rewrite(rollouts)
     store.write_metadata(metadata)
-
-
-def _checkpoint_to_resume(run_dir: Path, resume: Path | None, config: RLConfig) -> tuple[Path | None, Any]:
-    if resume is None:
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise ConfigError(f"output.dir {run_dir} is not empty: resume it with --resume, or pick another")
-        return None, None
-    return find_checkpoint(run_dir, config.train.steps)
 
 
 def _load_env(env_id: str, args: dict[str, Any], where: str) -> Environment:

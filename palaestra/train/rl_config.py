@@ -7,11 +7,16 @@ docs/rl.md is the reference of every key (the shared sections: docs/training.md)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from palaestra.train.losses import LOSSES
-from palaestra.train.sft_config import LoraConfig, ModelConfig, OptimConfig, OutputConfig
+from palaestra.train.sft_config import SEED_LIMIT, LoraConfig, ModelConfig, OptimConfig, OutputConfig
+from palaestra.types import Sampling
+
+MAX_TEMPERATURE = 100  # past this every token is equally likely: nothing the policy learnt shows
+FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # an eval set's name is a folder name
 
 LossName = Literal["grpo", "dr_grpo", "dapo", "cispo", "masked_is"]
 assert set(LossName.__args__) == set(LOSSES)  # type: ignore[attr-defined]  # a Literal's values
@@ -34,11 +39,18 @@ class SamplingConfig:
     max_tokens: int = 128  # per reply
 
     def __post_init__(self) -> None:
-        if not 0 < self.temperature < 100 or not 0 < self.top_p <= 1 or self.max_tokens < 1:
+        if not 0 < self.temperature < MAX_TEMPERATURE or not 0 < self.top_p <= 1 or self.max_tokens < 1:
             raise ValueError(
-                "need 0 < temperature (greedy rollouts of one example are all alike: nothing to "
-                "compare), 0 < top_p <= 1 and max_tokens >= 1"
+                f"need 0 < temperature < {MAX_TEMPERATURE} (greedy rollouts of one example are all alike: "
+                "nothing to compare), 0 < top_p <= 1 and max_tokens >= 1"
             )
+        self.as_sampling()  # and the limits every model request has (max_tokens < 2**31)
+
+    def as_sampling(self) -> Sampling:
+        """The sampling of every rollout: these values, with the sampler's logprobs."""
+        return Sampling(
+            temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens, logprobs=True
+        )
 
 
 @dataclass(frozen=True)
@@ -55,12 +67,15 @@ class LossConfigSection:
 
     def __post_init__(self) -> None:
         if (
-            self.eps_low < 0
+            not 0 <= self.eps_low < 1
             or self.eps_high < 0
             or not 0 < self.mask_low < 1 < self.mask_high
             or self.kl_beta < 0
         ):
-            raise ValueError("need eps_low, eps_high, kl_beta >= 0 and 0 < mask_low < 1 < mask_high")
+            raise ValueError(
+                "need 0 <= eps_low < 1 (the ratio's lower clip is 1 - eps_low), eps_high >= 0, "
+                "kl_beta >= 0 and 0 < mask_low < 1 < mask_high"
+            )
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,13 @@ class RLTrainConfig:
                      "max_concurrent"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.rollouts_per_example < 2:
+            raise ValueError(
+                f"rollouts_per_example must be at least 2, got {self.rollouts_per_example}: a rollout's "
+                "advantage is its reward against the others of its group"
+            )
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise ValueError(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
         if self.max_length < 0:
             raise ValueError(f"max_length must be at least 0 (0: no limit), got {self.max_length}")
         if self.max_length > self.micro_batch_tokens:
@@ -105,6 +127,13 @@ class EvalSet:
     name: str
     args: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not FOLDER_NAME.fullmatch(self.name):
+            raise ValueError(
+                f"an eval set's name is a folder name under RUN_DIR/evals/ (letters, digits, '.', '_', '-'), "
+                f"got {self.name!r}"
+            )
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -116,8 +145,15 @@ class EvalConfig:
     sets: tuple[EvalSet, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.every < 0 or self.num_examples < 1 or self.temperature < 0:
-            raise ValueError("need every >= 0, num_examples >= 1 and temperature >= 0")
+        if self.every < 0 or self.num_examples < 1 or not 0 <= self.temperature < MAX_TEMPERATURE:
+            raise ValueError(
+                f"need every >= 0, num_examples >= 1 and 0 <= temperature < {MAX_TEMPERATURE}, got "
+                f"{self.every}, {self.num_examples}, {self.temperature}"
+            )
+        names = [s.name for s in self.sets]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"two eval sets are named {twice[0]!r}: each is saved under its name")
 
 
 @dataclass(frozen=True)

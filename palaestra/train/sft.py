@@ -17,6 +17,7 @@ and RNG states, so the next step's loss equals the uninterrupted run's.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -26,10 +27,17 @@ from typing import Any
 from palaestra.train import checkpoint as ckpt
 from palaestra.train.batching import MicroBatch, micro_batches, step_indices
 from palaestra.train.common import (
+    CONFIG_FILE,
     diverged,
-    find_checkpoint,
+    first_writes,
     optimizer_and_schedule,
+    out_of_memory_is_a_config_error,
     pick_device,
+    pinned,
+    point_final,
+    set_threads,
+    start_from,
+    writes_stop_the_run,
 )
 from palaestra.train.config import ConfigError, load_config, to_toml
 from palaestra.train.curves import write_curves
@@ -48,7 +56,6 @@ from palaestra.train.prefix import SharedPrefix, shared_prefix_length
 from palaestra.train.sft_config import ModelConfig, SFTConfig
 from palaestra.train.tokenize import IGNORE, Encoded, encode, end_of_turn_ids
 
-CONFIG_FILE = "config.toml"
 CURVES_FILE = "curves.html"
 BASE_MODEL_DIR = "base-model"  # a tiny model's initial weights, the base a LoRA run resumes on
 
@@ -62,13 +69,11 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
     import torch
 
     # -- 1. check the input and load everything, before any work ---------------------------------
+    config = dataclasses.replace(config, model=pinned(config.model))  # final -> its checkpoint
     train, opt = config.train, config.optim
     run_dir = Path(resume if resume is not None else config.output.dir)
-    checkpoint, state = find_checkpoint(run_dir, config.train.steps) if resume is not None else (None, None)
-    if resume is None and run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"output.dir {run_dir} is not empty: resume it with --resume, or choose another")
-    if train.threads:
-        torch.set_num_threads(train.threads)
+    checkpoint, state = start_from(run_dir, resume is not None, train.steps)
+    set_threads(train.threads)
     device = pick_device(train.device)
     bf16 = train.mixed_precision == "bf16" or (
         train.mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -82,9 +87,10 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
         model_config = ModelConfig(
             path=str(run_dir / BASE_MODEL_DIR), attn_implementation=model_config.attn_implementation
         )
-    model, tokenizer = load_model(
-        model_config, lambda: message_texts(c.messages for c in chats), device=device
-    )
+    with out_of_memory_is_a_config_error(f"model {model_config.path or 'tiny'}"):
+        model, tokenizer = load_model(
+            model_config, lambda: message_texts(c.messages for c in chats), device=device
+        )
     examples = encode_all(tokenizer, chats, config, end_of_turn_ids(tokenizer, model.generation_config))
     fingerprint = data_fingerprint(examples)
     if state is not None and state["data_fingerprint"] != fingerprint:
@@ -95,29 +101,33 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
         check_lora_targets(model, config.lora)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    # -- 2. the run folder -------------------------------------------------------------------------
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(to_toml(config))
-    if resume is None and config.model.tiny is not None:  # built here: keep the base to resume LoRA on
-        model.save_pretrained(run_dir / BASE_MODEL_DIR)
-        tokenizer.save_pretrained(run_dir / BASE_MODEL_DIR)
-    if config.lora.enabled:
-        model = load_adapter(model, checkpoint / ADAPTER_DIR) if checkpoint else add_lora(model, config.lora)
+    # -- 2. the run folder, LoRA, the optimizer: a failure here leaves a new run's folder empty ------
+    with first_writes(run_dir, new=resume is None):
+        if checkpoint is None and config.model.tiny is not None:  # built here: the base to resume LoRA on
+            model.save_pretrained(run_dir / BASE_MODEL_DIR)
+            tokenizer.save_pretrained(run_dir / BASE_MODEL_DIR)
+        if config.lora.enabled:
+            with out_of_memory_is_a_config_error("lora"):
+                model = (
+                    load_adapter(model, checkpoint / ADAPTER_DIR)
+                    if checkpoint
+                    else add_lora(model, config.lora)
+                )
+        optimizer, scheduler, first_step = optimizer_and_schedule(model, config.optim, train.steps, state)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / CONFIG_FILE).write_text(to_toml(config))  # last: a refused --resume keeps the old one
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     if progress is not False:
         print(describe(examples, config, *parameter_counts(model), device, bf16, run_dir))
 
-    # -- 3. optimizer and learning-rate schedule ---------------------------------------------------
-    optimizer, scheduler, first_step = optimizer_and_schedule(model, config.optim, train.steps, state)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-
-    # -- 4. train ----------------------------------------------------------------------------------
+    # -- 3. train ----------------------------------------------------------------------------------
     backbone, head = backbone_and_head(model)
     log = MetricsLog(run_dir, after_step=first_step)
     show = TrainProgress(train.steps, done=first_step, log_every=config.output.log_every,
                          plain=None if progress else True, quiet=progress is False)  # fmt: skip
     last_saved = checkpoint
     model.train()
-    with show:
+    with show, writes_stop_the_run(lambda: last_saved):
         for step in range(first_step, train.steps):
             t0 = time.perf_counter()
             batch = [examples[i] for i in step_indices(len(examples), train.batch_size, train.seed, step)]
@@ -175,9 +185,9 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
                 write_curves([run_dir], run_dir / CURVES_FILE)
                 show.note(f"checkpoint: {last_saved}")
     assert last_saved is not None  # the last step always saves
-    final = ckpt.link_final(run_dir, last_saved)
+    final = point_final(run_dir, last_saved)
     if progress is not False:
-        print(f"done: {final} -> {last_saved.relative_to(run_dir)}; curves: {run_dir / CURVES_FILE}")
+        print(f"done: {final}; curves: {run_dir / CURVES_FILE}")
     return run_dir
 
 
@@ -208,6 +218,10 @@ def encode_all(tokenizer: Any, chats: list[Chat], config: SFTConfig, end_of_turn
             example = encode(tokenizer, messages, max_length=max_length, end_of_turn=end_of_turn, tools=tools)
         except ValueError as exc:
             raise ConfigError(f"data.path: row {i}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the chat template's own errors (jinja's, of any kind)
+            raise ConfigError(
+                f"data.path: row {i}: the model's chat template cannot render it ({type(exc).__name__}: {exc})"
+            ) from None
         if example.prompt_length >= max_length:
             raise ConfigError(
                 f"data.max_length {max_length} is shorter than the prompt of row {i} ({example.prompt_length} "

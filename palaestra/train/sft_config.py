@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 LLAMA_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SEED_LIMIT = 2**63  # seeds are in [0, 2**63): torch's and palaestra.types.derive_seed's range
+MAX_TINY_PARAMETERS = 1_000_000_000  # a [model.tiny] past this is a typo (and would not fit in memory)
 
 
 @dataclass(frozen=True)
@@ -47,9 +49,25 @@ class TinyModelConfig:
             "num_heads",
             "num_kv_heads",
         ):
-            _at_least(name, getattr(self, name), 1)
+            _in_range(name, getattr(self, name), 1, 2**20)
+        _in_range("max_positions", self.max_positions, 1, 2**20)
+        if not 0 < self.initializer_range <= 1:
+            raise ValueError(f"initializer_range must be in (0, 1], got {self.initializer_range}")
+        _in_range("seed", self.seed, 0, SEED_LIMIT - 1)
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError("hidden_size must divide by num_heads, and num_heads by num_kv_heads")
+        if self.parameters() > MAX_TINY_PARAMETERS:
+            raise ValueError(
+                f"these sizes make {self.parameters():,} parameters, more than a tiny model's "
+                f"{MAX_TINY_PARAMETERS:,}; for a large model give model.path"
+            )
+
+    def parameters(self) -> int:
+        """The parameter count of a Llama of these sizes (embeddings, attention, MLP, norms)."""
+        hidden, kv = self.hidden_size, self.hidden_size // self.num_heads * self.num_kv_heads
+        layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * self.intermediate_size + 2 * hidden
+        embeddings = self.vocab_size * hidden * (1 if self.tie_embeddings else 2)
+        return embeddings + self.num_layers * layer + hidden
 
 
 @dataclass(frozen=True)
@@ -78,7 +96,8 @@ class LoraConfig:
     target_modules: tuple[str, ...] = LLAMA_LINEAR
 
     def __post_init__(self) -> None:
-        _at_least("rank", self.rank, 1)
+        _in_range("rank", self.rank, 1, 4096)
+        _in_range("alpha", self.alpha, 1, 2**16)
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not self.target_modules:
@@ -99,13 +118,16 @@ class OptimConfig:
     max_grad_norm: float = 1.0  # 0 turns clipping off (the norm is still logged)
 
     def __post_init__(self) -> None:
-        if not self.lr >= 0:
-            raise ValueError(f"lr must be at least 0, got {self.lr}")
+        if not 0 <= self.lr <= 1:  # AdamW moves each weight by about lr a step: past 1 it only diverges
+            raise ValueError(f"lr must be in [0, 1], got {self.lr}")
         _at_least("warmup_steps", self.warmup_steps, 0)
-        if not 0 <= self.min_lr_ratio <= 1 or self.weight_decay < 0 or self.max_grad_norm < 0:
-            raise ValueError("need 0 <= min_lr_ratio <= 1, weight_decay >= 0 and max_grad_norm >= 0")
-        if not all(0 <= b < 1 for b in self.betas) or self.eps <= 0:
-            raise ValueError(f"betas must be in [0, 1) and eps > 0, got {self.betas}, {self.eps}")
+        if not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.weight_decay <= 1 or self.max_grad_norm < 0:
+            raise ValueError(
+                "need 0 <= min_lr_ratio <= 1, 0 <= weight_decay <= 1 and max_grad_norm >= 0, got "
+                f"{self.min_lr_ratio}, {self.weight_decay}, {self.max_grad_norm}"
+            )
+        if not all(0 <= b < 1 for b in self.betas) or not 0 < self.eps <= 1:
+            raise ValueError(f"betas must be in [0, 1) and eps in (0, 1], got {self.betas}, {self.eps}")
 
 
 @dataclass(frozen=True)
@@ -125,6 +147,7 @@ class TrainConfig:
         for name in ("steps", "batch_size", "micro_batch_tokens"):
             _at_least(name, getattr(self, name), 1)
         _at_least("threads", self.threads, 0)
+        _in_range("seed", self.seed, 0, SEED_LIMIT - 1)
 
 
 @dataclass(frozen=True)
@@ -157,8 +180,20 @@ class SFTConfig:
                 f"train.micro_batch_tokens ({self.train.micro_batch_tokens}) must be at least data.max_length "
                 f"({self.data.max_length}): the longest conversation must fit in one micro-batch"
             )
+        tiny = self.model.tiny
+        if tiny is not None and tiny.max_positions < self.data.max_length:
+            raise ValueError(
+                f"model.tiny.max_positions ({tiny.max_positions}) must be at least data.max_length "
+                f"({self.data.max_length}): no conversation may be longer than the model's positions"
+            )
 
 
 def _at_least(name: str, value: int, minimum: int) -> None:
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
+
+
+def _in_range(name: str, value: int, low: int, high: int) -> None:
+    """``ValueError`` naming ``name`` unless ``low <= value <= high``."""
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high:,}, got {value:,}")
