@@ -175,8 +175,12 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     sampling = config.sampling.as_sampling()
     with first_writes(run_dir, new=resume is None):  # after every check: a refusal writes nothing
         run_dir.mkdir(parents=True, exist_ok=True)
-        await sampler.start(start)  # a server that cannot serve what training needs: refused here
-        (run_dir / CONFIG_FILE).write_text(to_toml(config))
+        try:
+            await sampler.start(start)  # a server that cannot serve what training needs: refused here
+            (run_dir / CONFIG_FILE).write_text(to_toml(config))
+        except BaseException:
+            await sampler.aclose()  # a server it started stops with it
+            raise
     log = MetricsLog(run_dir, after_step=start)
     show = RLProgress(config.train.steps, done=start, log_every=config.output.log_every,
                       plain=None if progress else True, quiet=progress is False)  # fmt: skip

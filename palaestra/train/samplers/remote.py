@@ -90,11 +90,11 @@ class RemoteSampler:
         if self.wanted_model and self.wanted_model not in served:
             raise ConfigError(f"sampler.model {self.wanted_model!r}: {self.url} serves {', '.join(served)}")
         self.client.model = self.wanted_model or served[0]
+        await self._probe()
         try:
             await self._push(version, written=self.server is not None)
         except SyncError as exc:
             raise ConfigError(str(exc)) from None
-        await self._probe()
 
     async def _served_models(self) -> list[str]:
         url = self.url + "/models"

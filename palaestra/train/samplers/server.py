@@ -75,8 +75,10 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as session:
             while True:
-                if self.process.poll() is not None:
-                    raise ConfigError(f"{self.exit_reason()} before it answered at {url}")
+                if self.process.poll() is not None:  # its log goes with a new run's folder: quote it
+                    tail = log_tail(self.log_path, lines=10, limit=1500)
+                    last = f"; its last lines: {tail}" if tail else ""
+                    raise ConfigError(f"{self._how()} before it answered at {url}{last}")
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     async with session.get(url + "/models", timeout=aiohttp.ClientTimeout(total=5)) as resp:
                         if resp.status == 200:
@@ -93,16 +95,17 @@ class ServerProcess:
         return self.process is not None and self.process.poll() is not None
 
     def exit_reason(self) -> str:
-        """``the sampler server (sampler.command) exited with status N; its log ...: LAST LINES``."""
+        """``the sampler server (sampler.command) exited with status N; its log is PATH: LAST LINES``."""
+        tail = log_tail(self.log_path)
+        return f"{self._how()}; its log is {self.log_path}" + (f": {tail}" if tail else "")
+
+    def _how(self) -> str:
         assert self.process is not None
         code = self.process.poll()
         how = (
             f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
         )
-        tail = log_tail(self.log_path)
-        return f"the sampler server (sampler.command) {how}; its log is {self.log_path}" + (
-            f": {tail}" if tail else ""
-        )
+        return f"the sampler server (sampler.command) {how}"
 
     async def stop(self) -> None:
         """SIGTERM to the command's process group, SIGKILL if it is still there after ``STOP_SECONDS``."""
