@@ -224,7 +224,9 @@ def test_batches_sampled_ahead_are_never_more_than_k_steps_stale(
     port = free_port()
     config = write_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", steps=4,
                           max_off_policy_steps=ahead, sampler=remote(port, command=serve_command(port)))  # fmt: skip
-    code, err = run_cli(capsys, config)
+    code, err = run_cli(
+        capsys, config, "--loss.tis_cap", "2", "--loss.mis", "sequence"
+    )  # with the corrections
     assert code == 0, err
     steps = records(tmp_path / "run")[1:]
     stale = [r["off_policy_steps"] for r in steps]
@@ -237,7 +239,11 @@ def test_batches_sampled_ahead_are_never_more_than_k_steps_stale(
     for record in steps:  # every saved rollout carries the version that sampled it
         sample = pa.load_run(tmp_path / "run" / "samples" / f"step-{record['step']:06d}")
         assert {r.policy_version for r in sample.rollouts} == {record["policy_version"]}
-    assert all(math.isfinite(r["mismatch/kl"]) for r in steps)
+    for record in steps:  # the mismatch measures the staleness: none on-policy, some a step behind
+        on_policy = record["off_policy_steps"] == 0
+        assert (record["mismatch/log_ratio_max"] < 1e-4) is on_policy, record
+        assert (record["mismatch/kl"] > 1e-7) is not on_policy and math.isfinite(record["mismatch/kl"])
+        assert 0 <= record["mismatch/tis_truncated"] <= 1 and 0 <= record["mismatch/mis_masked"] <= 1
     final = records(tmp_path / "run")[-1]
     assert "eval/held-out/reward" in final  # played with the newest weights, pushed before it
 
