@@ -280,7 +280,8 @@ def test_a_server_that_returns_no_token_ids_is_refused_before_any_work(
 ) -> None:
     with threaded_server(pa.ScriptedClient(lambda rng: "a banana", model="plain")) as url:
         port = int(url.rsplit(":", 1)[1].split("/")[0])
-        config = write_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", sampler=remote(port))
+        sampler = remote(port, weights_dir=str(tmp_path / "served"))
+        config = write_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", sampler=sampler)
         code, err = run_cli(capsys, config)
     assert code == 2, err
     errors = [line for line in err.splitlines() if line.startswith("palaestra: error:")]
@@ -294,7 +295,7 @@ def test_bad_sampler_input_is_one_line_and_exit_2_before_anything_is_written(
     port = free_port()  # nothing listens there
     dies = remote(port, command=f"{sys.executable} -c \"print('no GPU here'); raise SystemExit(3)\"")
     cases = [
-        (remote(port), "cannot reach the sampler server at http://127.0.0.1"),
+        (remote(port, weights_dir=str(tmp_path / "served")), "cannot reach the sampler server at http://127.0.0.1"),
         (dies, f"exited with status 3 before it answered at http://127.0.0.1:{port}/v1; its last lines: no GPU here"),
         (remote(port, command=serve_command(port, weight_sync=False)),
          "has no /v1/load_lora_adapter or refused it (HTTP 404"),
@@ -302,6 +303,8 @@ def test_bad_sampler_input_is_one_line_and_exit_2_before_anything_is_written(
         ('[sampler]\nurl = "http://127.0.0.1:1/v1"', 'url is for kind = "vllm"'),
         ('[sampler]\nkind = "vllm"\nurl = "ftp://x"', "the base URL must look like http://HOST:PORT/v1"),
         (remote(port, sync="lora", command="x"), 'sampler.sync = "lora" needs [lora] enabled'),
+        (remote(port), "sampler.weights_dir: a server palaestra does not start"),
+        (remote(port, weights_dir=str(tiny_model_dir)), "is model.path: palaestra would overwrite the model"),
     ]  # fmt: skip
     for i, (sampler, message) in enumerate(cases):
         lora = "lora_adapter" in message
@@ -330,7 +333,7 @@ def test_a_server_that_dies_mid_run_stops_it_saved_and_the_run_resumes(
     errors = [line for line in err.splitlines() if line.startswith("palaestra: error:")]
     assert code == 1 and len(errors) == 1, err
     assert "step 2: the sampler server (sampler.command) was killed by signal 9" in errors[0]
-    assert "stopped before training on a partial batch" in errors[0]
+    assert "the run stopped, with no step trained on a partial batch" in errors[0]
     assert errors[0].endswith(f"the last good checkpoint is {run_dir / 'checkpoints' / 'step-000001'}")
     assert [r["step"] for r in records(run_dir)] == [0, 1]  # step 2, whose batch broke off, was not trained
     assert not (run_dir / "checkpoints" / "step-000002").exists()

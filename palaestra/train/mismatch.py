@@ -94,6 +94,8 @@ def mismatch_sums(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, floa
     return {
         "log_ratio": float(delta.sum()),
         "log_ratio_max": float(delta.abs().max()),
-        "kl": float((torch.exp(delta) - delta - 1).sum()),
+        "kl": float(
+            (torch.exp(delta.double()) - delta.double() - 1).sum()
+        ),  # float64: exact near 0, never < 0
         "tokens": float(delta.numel()),
     }

@@ -192,9 +192,13 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                        max_concurrent=config.train.max_concurrent, sampling=sampling,
                        seed=derive_seed("palaestra/rl", config.train.seed, step))  # fmt: skip
 
-    batches = Batches(sampler, lambda step: collect(env, sampler.client, step_examples(env.examples, step,
-                      groups_per_step), step_spec(step)), ahead=config.train.max_off_policy_steps,
-                      steps=config.train.steps, version=start)  # fmt: skip
+    async def sample(step: int) -> list[Rollout]:
+        return await collect(
+            env, sampler.client, step_examples(env.examples, step, groups_per_step), step_spec(step)
+        )
+
+    ahead = config.train.max_off_policy_steps
+    batches = Batches(sampler, sample, ahead=ahead, steps=config.train.steps, version=start)
     try:
         with show, writes_stop_the_run(lambda: last_saved):
             if start == 0 and eval_envs:  # where the policy starts from
@@ -207,9 +211,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                 async with sampler_failures(step + 1, sampler, last_saved):
                     batch, waited = await batches.take(step)  # sampled by policy version batch.version
                     await check_batch(batch.rollouts, step + 1, sampler, last_saved)
-                    await batches.sample_ahead(
-                        step
-                    )  # k > 0: the next steps' batches sample while this trains
+                    # k > 0: the next steps' batches are sampled while this one trains
+                    await batches.sample_ahead(step)
                 rollouts = batch.rollouts
                 t_sampled = time.perf_counter()
                 advantages = group_advantages(rollouts, scale=config.loss.advantage_scale)
@@ -238,9 +241,9 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                 t_trained = time.perf_counter()
                 record = step_record(step + 1, rollouts, advantages, stats, float(scheduler.get_last_lr()[0]),
                                      batch.seconds, t_trained - t_sampled)  # fmt: skip
-                record.update(cut_sequences=cut, policy_version=batch.version, off_policy_steps=step - batch.version,
-                              seconds=t_trained - t0, seconds_waiting=waited, seconds_sync=batches.sync_seconds)  # fmt: skip
-                batches.sync_seconds = 0.0
+                record.update(cut_sequences=cut, policy_version=batch.version, seconds=t_trained - t0)
+                record.update(off_policy_steps=step - batch.version, seconds_waiting=waited)
+                record["seconds_sync"], batches.sync_seconds = batches.sync_seconds, 0.0
                 done = step + 1 == config.train.steps
                 if eval_envs and (done or (config.eval.every and (step + 1) % config.eval.every == 0)):
                     async with sampler_failures(step + 1, sampler, last_saved), batches.newest():

@@ -267,3 +267,21 @@ class RLConfig:
             )
         if self.sampler.sync == "lora" and not self.lora.enabled:
             raise ValueError('sampler.sync = "lora" needs [lora] enabled: there is no adapter to load')
+        sampler = self.sampler
+        if sampler.kind == "vllm" and not sampler.command and not sampler.weights_dir:
+            if sampler.sync_for(self.lora.enabled) == "reload":
+                raise ValueError(
+                    "sampler.weights_dir: a server palaestra does not start (no sampler.command) reloads the "
+                    "weights from the folder it serves; give that folder (palaestra overwrites its weights)"
+                )
+        if sampler.weights_dir and self.model.path and _same_folder(sampler.weights_dir, self.model.path):
+            raise ValueError(
+                f"sampler.weights_dir {sampler.weights_dir} is model.path: palaestra would overwrite the "
+                "model it starts from; serve a copy of it"
+            )
+
+
+def _same_folder(a: str, b: str) -> bool:
+    import os
+
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))

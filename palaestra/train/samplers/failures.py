@@ -18,6 +18,8 @@ from palaestra.train.common import TrainingError, kept
 from palaestra.train.samplers.sync import SyncError
 from palaestra.types import Rollout
 
+STOPPED = "the run stopped, with no step trained on a partial batch"
+
 
 @contextlib.asynccontextmanager
 async def sampler_failures(step: int, sampler: Any, last_saved: Path | None) -> AsyncIterator[None]:
@@ -27,8 +29,7 @@ async def sampler_failures(step: int, sampler: Any, last_saved: Path | None) -> 
         yield
     except (ModelUnavailable, SyncError) as exc:
         reason = await sampler.failure() or str(exc)
-        raise TrainingError(f"step {step}: {reason}; stopped before training on a partial batch; "
-                            f"{kept(last_saved)}") from None  # fmt: skip
+        raise TrainingError(f"step {step}: {reason}; {STOPPED}; {kept(last_saved)}") from None
 
 
 async def check_batch(rollouts: list[Rollout], step: int, sampler: Any, last_saved: Path | None) -> None:
@@ -37,6 +38,4 @@ async def check_batch(rollouts: list[Rollout], step: int, sampler: Any, last_sav
     if any(r.error is not None and r.error.stage == "model" for r in rollouts):
         reason = await sampler.failure()
         if reason is not None:
-            raise TrainingError(
-                f"step {step}: {reason}; stopped before training on a partial batch; {kept(last_saved)}"
-            )
+            raise TrainingError(f"step {step}: {reason}; {STOPPED}; {kept(last_saved)}")
