@@ -283,8 +283,9 @@ def serve(
     bound (e.g. the port is taken). On a signal, requests in flight get 2 s to finish.
     """
     names = list(dict.fromkeys(model_names or [model_name or client.model]))
-    app = create_app(client, model_names=names, api_key=api_key, max_body_bytes=max_body_bytes,
-                     weights_from=weights_from)  # fmt: skip
+    app = create_app(
+        client, model_names=names, api_key=api_key, max_body_bytes=max_body_bytes, weights_from=weights_from
+    )
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -68,8 +68,9 @@ class WeightSync:
         from palaestra.clients.local import LocalClient
 
         merged = PeftModel.from_pretrained(copy.deepcopy(self.base.hf_model), path).merge_and_unload()
-        return LocalClient.from_model(merged, self.base.tokenizer, name=name,
-                                      max_batch_size=self.base.max_batch_size)  # fmt: skip
+        return LocalClient.from_model(
+            merged, self.base.tokenizer, name=name, max_batch_size=self.base.max_batch_size
+        )
 
     async def unload_lora(self, request: web.Request) -> web.Response:
         body = await _body(request)

@@ -280,9 +280,13 @@ def optimizer_and_schedule(model: Any, optim: OptimConfig, updates: int, state: 
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
+        params,
+        lr=optim.lr,
+        betas=optim.betas,
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
         **({"fused": True} if fused_adamw(params) else {}),
-    )  # fmt: skip
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: lr_factor(k, optim, updates))
     if state is None:
         return optimizer, scheduler, 0

@@ -116,17 +116,9 @@ def policy_update(
     params = [p for p in model.parameters() if p.requires_grad]
     groups = micro_batch_indices(sequences, micro_batch_tokens)
     stats = UpdateStats(0.0, 0.0, int(targets_mask.sum()), 0.0, 0.0, 0.0, None)
-    first: dict[
-        int, tuple[torch.Tensor, torch.Tensor]
-    ] = {}  # micro-batch -> (first-pass logprobs, correction)
-    measured = {
-        "log_ratio": 0.0,
-        "log_ratio_max": 0.0,
-        "kl": 0.0,
-        "tokens": 0.0,
-        "truncated": 0.0,
-        "masked": 0.0,
-    }
+    # with a correction on: each micro-batch's first-pass logprobs and correction weights
+    first: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    measured = dict.fromkeys(("log_ratio", "log_ratio_max", "kl", "tokens", "truncated", "masked"), 0.0)
     for pass_index in range(passes):
         sums = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "entropy": 0.0, "kl": 0.0}
         for g, group in enumerate(groups):

@@ -151,8 +151,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     if config.sampler.kind == "local":
         sampler = LocalSampler(model, tokenizer, max_batch_size=config.train.max_concurrent)
     else:
-        sampler = RemoteSampler(config.sampler, model=model, tokenizer=tokenizer, run_dir=run_dir,
-                                lora=config.lora.enabled, max_concurrent=config.train.max_concurrent)  # fmt: skip
+        sampler = RemoteSampler.of_run(config, model, tokenizer, run_dir)
         await sampler.check_reachable()  # an external server that is not there: refused before any write
     trainable, total = parameter_counts(model)
     say = print if progress is not False else (lambda *_: None)

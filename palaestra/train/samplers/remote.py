@@ -29,7 +29,7 @@ import orjson
 from palaestra.clients.base import ModelError
 from palaestra.clients.openai import OpenAIClient
 from palaestra.train.config import ConfigError
-from palaestra.train.rl_config import SamplerConfig
+from palaestra.train.rl_config import RLConfig, SamplerConfig
 from palaestra.train.samplers.server import ServerProcess
 from palaestra.train.samplers.sync import LoraSync, ReloadSync, SyncError, save_served
 from palaestra.types import Sampling
@@ -62,15 +62,32 @@ class RemoteSampler:
         key = os.environ.get(API_KEY_VAR, "")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.headers = headers
-        self.client = OpenAIClient(config.model or "policy", base_url=self.url, api_key=key,
-                                   timeout=config.timeout, max_connections=max(max_concurrent, 1),
-                                   extra_body={"return_token_ids": True})  # fmt: skip
+        self.client = OpenAIClient(
+            config.model or "policy",
+            base_url=self.url,
+            api_key=key,
+            timeout=config.timeout,
+            max_connections=max(max_concurrent, 1),
+            extra_body={"return_token_ids": True},
+        )
         self.weights: LoraSync | ReloadSync = (
             LoraSync(root, headers, self.weights_dir, prefix=f"policy-{secrets.token_hex(3)}")
             if config.sync_for(lora) == "lora"
             else ReloadSync(root, headers, self.weights_dir)
         )
         self.version = 0
+
+    @classmethod
+    def of_run(cls, config: RLConfig, model: Any, tokenizer: Any, run_dir: Path) -> RemoteSampler:
+        """The sampler ``config.sampler`` names, for the run of ``config`` in ``run_dir``."""
+        return cls(
+            config.sampler,
+            model=model,
+            tokenizer=tokenizer,
+            run_dir=run_dir,
+            lora=config.lora.enabled,
+            max_concurrent=config.train.max_concurrent,
+        )
 
     # -- before the first step -----------------------------------------------------------------
 
@@ -122,8 +139,15 @@ class RemoteSampler:
             reply = await self.client.chat(list(PROBE), sampling=sampling)
         except ModelError as exc:
             raise ConfigError(f"the sampler server at {self.url} failed a probe request: {exc}") from None
-        missing = [name for name, value in (("token ids", reply.token_ids), ("prompt token ids",
-                   reply.prompt_token_ids), ("logprobs", reply.logprobs)) if value is None]  # fmt: skip
+        missing = [
+            name
+            for name, value in (
+                ("token ids", reply.token_ids),
+                ("prompt token ids", reply.prompt_token_ids),
+                ("logprobs", reply.logprobs),
+            )
+            if value is None
+        ]
         if missing:
             raise ConfigError(
                 f"the sampler server at {self.url} returned no {' and no '.join(missing)}: training needs "

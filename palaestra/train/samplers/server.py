@@ -65,9 +65,13 @@ class ServerProcess:
         with self.log_path.open("ab") as log:
             try:
                 self.process = subprocess.Popen(
-                    self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env={**os.environ, **self.env}, start_new_session=True,
-                )  # fmt: skip
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **self.env},
+                    start_new_session=True,
+                )
             except OSError as exc:
                 raise ConfigError(
                     f"sampler.command: cannot run {self.argv[0]}: {exc.strerror or exc}"
