@@ -136,3 +136,11 @@ async def test_without_the_flag_there_are_no_weight_sync_routes(tiny_model_dir: 
     finally:
         await runner.cleanup()
         await client.aclose()
+
+
+def test_weight_sync_needs_a_model_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    from palaestra.cli import main
+
+    code = main(["serve", "some-org/some-model", "--enable-weight-sync", "--port", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--enable-weight-sync reloads weights from the model's folder" in err
