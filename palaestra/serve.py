@@ -1,7 +1,8 @@
 """An OpenAI-compatible chat server over any ``ModelClient`` (``palaestra serve``).
 
-``create_app(client)`` is an aiohttp application answering ``GET /v1/models`` and
-``POST /v1/chat/completions`` (the wire format is ``openai_api.py``'s); ``serve(client)`` runs it
+``create_app(client)`` is an aiohttp application answering ``GET /v1/models``, ``GET /health`` and
+``POST /v1/chat/completions`` (the wire format is ``openai_api.py``'s), and with ``weights_from``
+the weight-sync endpoints of vLLM an RL trainer uses (``serve_weights.py``); ``serve(client)`` runs it
 until SIGINT/SIGTERM; ``running(client)`` runs it inside the current event loop on a free port.
 The fake server tests use (``palaestra.testing``) is this same app over a scripted client.
 
@@ -64,17 +65,24 @@ def _json(data: Any) -> web.Response:
 
 
 class ChatServer:
-    """The handlers of one app: ``client`` served under ``model_names`` (the first is its own)."""
+    """The handlers of one app: ``client`` served under ``model_names`` (the first is its own);
+    ``models`` maps every name answered to the client that answers it (weight sync adds adapters)."""
 
     def __init__(self, client: ModelClient, model_names: tuple[str, ...], tokenizer: Any) -> None:
         self.client = client
-        self.model_names = model_names
+        self.models: dict[str, ModelClient] = dict.fromkeys(model_names, client)
         self.tokenizer = tokenizer
-        entries = [{"id": n, "object": "model", "created": 0, "owned_by": "palaestra"} for n in model_names]
-        self.models_body = orjson.dumps({"object": "list", "data": entries})
 
-    async def models(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.models_body, content_type="application/json")
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return tuple(self.models)
+
+    async def models_list(self, request: web.Request) -> web.Response:
+        entries = [{"id": n, "object": "model", "created": 0, "owned_by": "palaestra"} for n in self.models]
+        return _json({"object": "list", "data": entries})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -85,10 +93,11 @@ class ChatServer:
             parsed = parse_request(body, self.model_names)
         except RequestError as exc:
             return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
-        if parsed.stream and isinstance(self.client, StreamingClient):
-            return await self._stream(request, parsed, self.client)
+        client = self.models[parsed.model]
+        if parsed.stream and isinstance(client, StreamingClient):
+            return await self._stream(request, parsed, client)
         try:
-            reply = await self.client.chat(parsed.messages, tools=parsed.tools, sampling=parsed.sampling)
+            reply = await client.chat(parsed.messages, tools=parsed.tools, sampling=parsed.sampling)
         except Exception as exc:  # noqa: BLE001 - a failing client is an error response, not a crash
             return self._client_error(exc)
         result = completion(reply, parsed, model=parsed.model, tokenizer=self.tokenizer)
@@ -179,20 +188,28 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     middlewares: Sequence[Middleware] = (),
+    weights_from: str | None = None,
 ) -> web.Application:
     """The OpenAI-compatible app over ``client``, answering to ``model_names`` (default: its own).
 
     ``tokenizer`` (anything with ``decode(list[int]) -> str``; default: ``client.tokenizer`` if
     present) turns token ids into the ``token`` text of logprobs entries. ``middlewares`` run
-    inside the error and API-key ones (the fake server's fault injection is one).
+    inside the error and API-key ones (the fake server's fault injection is one). ``weights_from``
+    (the model folder a ``LocalClient`` was loaded from) adds the weight-sync endpoints an RL
+    trainer uses (``serve_weights.py``).
     """
     names = tuple(model_names or (client.model,))
     tokenizer = tokenizer if tokenizer is not None else getattr(client, "tokenizer", None)
     server = ChatServer(client, names, tokenizer)
     chain = [_errors, *([_require_key(api_key)] if api_key else []), *middlewares]
     app = web.Application(client_max_size=max_body_bytes, middlewares=chain)
-    app.router.add_get("/v1/models", server.models)
+    app.router.add_get("/v1/models", server.models_list)
+    app.router.add_get("/health", server.health)
     app.router.add_post("/v1/chat/completions", server.chat)
+    if weights_from is not None:
+        from palaestra.serve_weights import add_weight_sync
+
+        add_weight_sync(app, server, weights_from)
     return app
 
 
@@ -257,6 +274,7 @@ def serve(
     model_names: Sequence[str] | None = None,
     api_key: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    weights_from: str | None = None,
 ) -> None:
     """Serve ``client`` until SIGINT/SIGTERM, printing ``serving MODEL at URL`` once listening.
 
@@ -265,7 +283,9 @@ def serve(
     bound (e.g. the port is taken). On a signal, requests in flight get 2 s to finish.
     """
     names = list(dict.fromkeys(model_names or [model_name or client.model]))
-    app = create_app(client, model_names=names, api_key=api_key, max_body_bytes=max_body_bytes)
+    app = create_app(
+        client, model_names=names, api_key=api_key, max_body_bytes=max_body_bytes, weights_from=weights_from
+    )
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -305,6 +305,7 @@ class Rollout:
     usage: Usage = field(default_factory=Usage)
     tools: list[dict[str, Any]] | None = None  # the tool schemas the model was given, if any
     env: str | None = None  # in an EnvGroup: the name of the environment that ran and scored it
+    policy_version: int | None = None  # RL: how many updates the weights that sampled it had
 
     @property
     def messages(self) -> Messages:
@@ -357,7 +358,7 @@ _ROLLOUT_FIELDS: dict[str, Any] = {
     "example_id": int, "rollout_index": int, "seed": int, "prompt": list, "completion": list,
     "answer": object, "info": dict, "turns": list, "state": dict, "reward": (*_NUMBER, _OPTIONAL),
     "metrics": dict, "stop_reason": (str, _OPTIONAL), "error": (dict, _OPTIONAL), "timing": dict, "usage": dict,
-    "tools": (list, _OPTIONAL), "env": (str, _OPTIONAL),
+    "tools": (list, _OPTIONAL), "env": (str, _OPTIONAL), "policy_version": (int, _OPTIONAL),
 }  # fmt: skip
 _TURN_FIELDS: dict[str, Any] = {
     "index": int, "prompt_messages": int, "finish_reason": (str, _OPTIONAL), "usage": dict, "token_ids": _IDS,

@@ -62,6 +62,26 @@ async def test_request_carries_sampling_and_response_is_parsed(transport: str) -
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_extra_body_asks_for_token_ids_and_the_prompt_ids_come_back(transport: str) -> None:
+    """vLLM's ``return_token_ids``: the completion's ids and the prompt's, as an RL trainer needs them."""
+    async with FakeOpenAIServer(lambda body: "one two three") as server:
+        async with client_for(server, transport, extra_body={"return_token_ids": True}) as client:
+            sampling = pa.Sampling(max_tokens=5, logprobs=True)
+            response = await client.chat([{"role": "user", "content": "hi there"}], sampling=sampling)
+    assert server.requests[0]["return_token_ids"] is True
+    assert response.token_ids is not None and len(response.token_ids) == 3
+    assert response.prompt_token_ids is not None and len(response.prompt_token_ids) == 2
+
+
+def test_token_ids_that_are_not_lists_of_integers_are_none() -> None:
+    from palaestra.clients.openai import parse_completion
+
+    body = {"choices": [{"message": {"content": "x"}, "token_ids": ["a"]}], "prompt_token_ids": [1, True]}
+    response = parse_completion(body)
+    assert response.token_ids is None and response.prompt_token_ids is None
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_tool_calls_and_length_finish(transport: str) -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     replies = iter([{"role": "assistant", "content": None, "tool_calls": [call]}, "a b c d e f"])

@@ -238,8 +238,17 @@ def test_a_sampler_that_returns_no_token_ids_is_one_clear_error(tiny_model_dir: 
         def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int) -> None:
             self.client = pa.ScriptedClient(lambda rng: rng.choice(["a banana", "a kiwi"]))
 
+        async def start(self, version: int) -> None:
+            pass
+
         def updating(self) -> Any:
             raise AssertionError("no update may start")
+
+        async def sync(self, version: int) -> None:
+            raise AssertionError("no update was made")
+
+        async def failure(self) -> str | None:
+            return None
 
         async def aclose(self) -> None:
             pass

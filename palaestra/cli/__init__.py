@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"require 'Authorization: Bearer KEY' with KEY from this env var (default {API_KEY_VAR}, if set)",
     )  # fmt: skip
     serve.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body accepted (16)")
+    serve.add_argument(
+        "--enable-weight-sync", action="store_true",
+        help="accept the weight-sync requests of an RL trainer (vLLM's load_lora_adapter, "
+        "unload_lora_adapter, collective_rpc reload_weights, reset_prefix_cache); MODEL must be a folder",
+    )  # fmt: skip
     serve.set_defaults(func=cmd_serve)
 
     init = sub.add_parser("init", help="create a new environment package")
@@ -186,10 +191,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"use it (set {API_KEY_VAR} to require one)",
             file=sys.stderr,
         )
+    weights_from = None
+    if args.enable_weight_sync:
+        from palaestra.clients.default_model import resolve_model
+
+        folder = Path(resolve_model(args.model.removeprefix(LOCAL_PREFIX))).expanduser()
+        if not folder.is_dir():
+            raise UsageError(
+                f"--enable-weight-sync reloads weights from the model's folder: {args.model} is none"
+            )
+        weights_from = str(folder)
     client = load_local(args.model.removeprefix(LOCAL_PREFIX), max_batch_size=args.max_batch_size)
     names = [args.model, *args.served_model_name]
     serve(client, host=args.host, port=args.port, model_names=names, api_key=api_key,
-          max_body_bytes=int(args.max_body_mb * 1024 * 1024))  # fmt: skip
+          max_body_bytes=int(args.max_body_mb * 1024 * 1024), weights_from=weights_from)  # fmt: skip
     return 0
 
 

@@ -45,7 +45,8 @@ class OpenAIClient:
 
     A server on loopback needs no key; a remote one without a key is a ``ClientConfigError``
     unless ``api_key=""`` says it needs none. ``max_connections`` should be at least the run's
-    ``max_concurrent``.
+    ``max_concurrent``. ``extra_body`` fields go into every request body (vLLM's
+    ``return_token_ids``: the prompt and completion token ids an RL trainer needs).
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class OpenAIClient:
         transport: Literal["aiohttp", "openai"] = "aiohttp",
         send_seed: bool = True,
         headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
     ) -> None:
         if transport not in ("aiohttp", "openai"):
             raise ClientConfigError(f"transport must be 'aiohttp' or 'openai', not {transport!r}")
@@ -86,6 +88,7 @@ class OpenAIClient:
         self.max_connections = max_connections
         self.transport = transport
         self.send_seed = send_seed
+        self.extra_body = dict(extra_body or {})
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         if self.api_key:
             self.headers["Authorization"] = f"Bearer {self.api_key}"
@@ -124,6 +127,7 @@ class OpenAIClient:
             body["seed"] = sampling.seed
         if sampling.logprobs:
             body["logprobs"] = True
+        body.update(self.extra_body)
         body.update(sampling.extra)
         return body
 
@@ -268,7 +272,8 @@ def _status_error(status: int, raw: bytes, retry_after: str | None) -> Exception
 
 
 def parse_completion(data: dict[str, Any]) -> ModelResponse:
-    """A ``ModelResponse`` from a chat-completion body; token ids from vLLM's fields when present."""
+    """A ``ModelResponse`` from a chat-completion body; token ids from vLLM's fields when present
+    (``choices[0].token_ids`` and the top-level ``prompt_token_ids`` of ``return_token_ids``)."""
     try:
         choice = data["choices"][0]
         raw_message = choice["message"]
@@ -283,7 +288,7 @@ def parse_completion(data: dict[str, Any]) -> ModelResponse:
             message[key] = value
     message.setdefault("content", None)
     usage = data.get("usage") or {}
-    token_ids = choice.get("token_ids")
+    token_ids = _ids(choice.get("token_ids"))
     logprobs = None
     content = (choice.get("logprobs") or {}).get("content")
     if content:
@@ -296,4 +301,12 @@ def parse_completion(data: dict[str, Any]) -> ModelResponse:
         usage=Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0),
         token_ids=token_ids,
         logprobs=logprobs,
+        prompt_token_ids=_ids(data.get("prompt_token_ids")),
     )
+
+
+def _ids(value: Any) -> list[int] | None:
+    """A list of token ids as sent, or None for anything else (absent, null, not integers)."""
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return value
+    return None

@@ -145,6 +145,22 @@ def pick_device(name: str) -> Any:
     return device
 
 
+def use_bf16(mixed_precision: str, device: Any) -> bool:
+    """bf16 autocast: when asked (``"bf16"``), or with ``"auto"`` on a CUDA device that has it (an
+    H100 does, a V100 does not); float32 everywhere else, the CPU included."""
+    import torch
+
+    if mixed_precision == "bf16":
+        return True
+    return mixed_precision == "auto" and device.type == "cuda" and bool(torch.cuda.is_bf16_supported())
+
+
+def fused_adamw(params: list[Any]) -> bool:
+    """Whether AdamW should use its fused kernel: one kernel for every parameter instead of a few per
+    parameter, on CUDA (all parameters there); the CPU has no fused kernel worth it."""
+    return bool(params) and all(p.device.type == "cuda" for p in params)
+
+
 def _available(torch: Any, kind: str) -> bool:
     backend = getattr(torch, kind, None) or getattr(torch.backends, kind, None)
     check = getattr(backend, "is_available", None)
@@ -264,7 +280,12 @@ def optimizer_and_schedule(model: Any, optim: OptimConfig, updates: int, state: 
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+        params,
+        lr=optim.lr,
+        betas=optim.betas,
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+        **({"fused": True} if fused_adamw(params) else {}),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: lr_factor(k, optim, updates))
     if state is None:

@@ -24,13 +24,15 @@ token its weight from the whole batch's mask, and a loss returns −Σ weight ×
   for the published tic-tac-toe results).
 
 An optional KL penalty to a reference policy, β · KL (the k3 estimator, exp(q) − q − 1 with
-q = logp_ref − logp; Schulman 2020), is added when ``ref_logprobs`` is given.
+q = logp_ref − logp; Schulman 2020), is added when ``ref_logprobs`` is given. A mismatch
+correction (``palaestra/train/mismatch.py``: TIS, MIS), when given, multiplies each token's weight
+in the policy term, not in the KL term.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -48,6 +50,7 @@ class LossInputs:
     mask: torch.Tensor  # [B, T] bool: tokens the model sampled
     weights: torch.Tensor  # [B, T] each token's share of the batch loss (``token_weights``)
     ref_logprobs: torch.Tensor | None = None  # [B, T] for the KL penalty
+    correction: torch.Tensor | None = None  # [B, T] the mismatch correction (mismatch.py), policy term only
 
 
 @dataclass
@@ -168,7 +171,10 @@ def compute_loss(inputs: LossInputs, config: LossConfig) -> LossOutputs:
         fn, _ = LOSSES[config.name]
     except KeyError:
         raise ValueError(f"unknown loss {config.name!r}; choose from {', '.join(LOSSES)}") from None
-    out = fn(inputs, config)
+    policy = (
+        inputs if inputs.correction is None else replace(inputs, weights=inputs.weights * inputs.correction)
+    )
+    out = fn(policy, config)
     if config.kl_beta > 0:
         if inputs.ref_logprobs is None:
             raise ValueError("kl_beta > 0 needs ref_logprobs")

@@ -4,18 +4,23 @@ The sequences (``rollout_tokens.py``) are cut into micro-batches of at most ``mi
 tokens, padding included; each token's weight in the loss comes from the whole batch
 (``losses.token_weights``), so the cut changes memory, not the gradient. The output layer runs on
 the sampled positions only: the prompt and the environment's messages are context, not targets.
+
+The first pass also measures the sampler-vs-trainer mismatch (``mismatch.py``): its logprobs,
+before any optimizer step, against the sampler's. With a correction (TIS, MIS) on, every pass's
+ratios are taken against those first-pass logprobs and the correction weighs each token.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from palaestra.train.losses import LOSSES, LossConfig, LossInputs, compute_loss, token_weights
+from palaestra.train.mismatch import MismatchConfig, correction_weights, mismatch_sums
 from palaestra.train.rollout_tokens import TokenSequence
 
 
@@ -38,6 +43,7 @@ class UpdateStats:
     ratio_mean: float  # the policy/sampler ratio of the trained tokens: 1 when they agree
     entropy: float  # mean entropy of the policy at the trained tokens (nats)
     kl: float | None
+    mismatch: dict[str, float] = field(default_factory=dict)  # the first pass's, see ``mismatch_stats``
 
 
 def micro_batch_indices(sequences: Sequence[TokenSequence], max_tokens: int) -> list[list[int]]:
@@ -92,12 +98,15 @@ def policy_update(
     pad_id: int,
     temperature: float = 1.0,
     reference: tuple[Any, Any] | None = None,
+    mismatch: MismatchConfig | None = None,
 ) -> UpdateStats:
     """``passes`` optimizer steps on ``sequences``; ``Diverged`` before touching the weights if not finite.
 
     ``temperature`` is the sampler's (logprobs are of the distribution it sampled from);
-    ``reference`` is the (backbone, output layer) of the frozen starting model, for the KL penalty.
+    ``reference`` is the (backbone, output layer) of the frozen starting model, for the KL penalty;
+    ``mismatch`` the sampler-mismatch corrections (none by default).
     """
+    mismatch = mismatch or MismatchConfig()
     _, normalizer = LOSSES[loss_config.name]
     targets_mask = _padded([s.mask[1:] for s in sequences], False, torch.bool)  # position t predicts t + 1
     rollouts = torch.tensor([s.rollout for s in sequences], dtype=torch.long)
@@ -107,9 +116,12 @@ def policy_update(
     params = [p for p in model.parameters() if p.requires_grad]
     groups = micro_batch_indices(sequences, micro_batch_tokens)
     stats = UpdateStats(0.0, 0.0, int(targets_mask.sum()), 0.0, 0.0, 0.0, None)
-    for _ in range(passes):
+    # with a correction on: each micro-batch's first-pass logprobs and correction weights
+    first: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    measured = dict.fromkeys(("log_ratio", "log_ratio_max", "kl", "tokens", "truncated", "masked"), 0.0)
+    for pass_index in range(passes):
         sums = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "entropy": 0.0, "kl": 0.0}
-        for group in groups:
+        for g, group in enumerate(groups):
             rows = [sequences[i] for i in group]
             width = max(len(s.input_ids) for s in rows) - 1
             inputs = _padded([s.input_ids for s in rows], pad_id, torch.long).to(device)
@@ -126,9 +138,17 @@ def policy_update(
             sampler = _padded([s.sampler_logprobs[1:] for s in rows], 0.0, torch.float32)[:, :width].to(
                 device
             )
+            if pass_index == 0:  # the weights the sampler should have had: measure how far it was
+                old = logprobs.detach()
+                correction = correction_weights(old - sampler, mask, mismatch)
+                _add_measure(measured, mismatch_sums(old - sampler, mask), correction)
+                if mismatch.enabled:
+                    first[g] = (old, correction.weights)
+            baseline, weigh = first.get(g, (sampler, None))
             advantages = torch.tensor([s.advantage for s in rows], dtype=torch.float32, device=device)
             out = compute_loss(
-                LossInputs(logprobs, sampler, advantages, mask, weights_all[group, :width].to(device), ref),
+                LossInputs(logprobs, baseline, advantages, mask, weights_all[group, :width].to(device), ref,
+                           correction=weigh),
                 loss_config,
             )  # fmt: skip
             if not math.isfinite(out.loss.item()):
@@ -158,5 +178,27 @@ def policy_update(
             ratio_mean=sums["ratio"] / n,
             entropy=sums["entropy"] / n,
             kl=sums["kl"] / n if loss_config.kl_beta > 0 else None,
+            mismatch=mismatch_stats(measured),
         )
     return stats
+
+
+def _add_measure(measured: dict[str, float], sums: dict[str, float], correction: Any) -> None:
+    for key in ("log_ratio", "kl", "tokens"):
+        measured[key] += sums[key]
+    measured["log_ratio_max"] = max(measured["log_ratio_max"], sums["log_ratio_max"])
+    measured["truncated"] += float(correction.truncated.sum())
+    measured["masked"] += float(correction.masked.sum())
+
+
+def mismatch_stats(measured: dict[str, float]) -> dict[str, float]:
+    """The logged mismatch figures: δ's mean and largest |δ|, the KL estimate (per token), and the
+    fractions of trained tokens TIS truncated and MIS masked."""
+    n = max(measured["tokens"], 1.0)
+    return {
+        "log_ratio_mean": measured["log_ratio"] / n,
+        "log_ratio_max": measured["log_ratio_max"],
+        "kl": measured["kl"] / n,
+        "tis_truncated": measured["truncated"] / n,
+        "mis_masked": measured["masked"] / n,
+    }

@@ -9,8 +9,9 @@ One step, top to bottom (``_train``):
 3. advantages: reward − the group's mean; groups whose rewards are all equal carry no signal and
    are skipped (and counted);
 4. update on exactly the token ids the sampler produced, with the loss's ratios taken against
-   the sampler's logprobs; the sampler shares the trained module, so the next rollouts come from
-   the new weights with nothing copied (``Sampler.updating``);
+   the sampler's logprobs; the new weights reach the sampler before it samples again
+   (``Sampler.sync``): the local sampler shares the trained module, so nothing is copied; a
+   remote one (vLLM, ``palaestra serve``) gets a LoRA adapter or a reload per version;
 5. log, save a sample of the batch's rollouts as a run ``palaestra report`` opens, checkpoint,
    and play the held-out sets every ``eval.every`` steps.
 
@@ -18,6 +19,13 @@ Departures from GRPO as published (DeepSeekMath), on purpose: advantages are not
 group's std unless asked (Dr. GRPO); the default loss is CISPO, which never zeroes a token's
 gradient; ratios are taken against the sampler, not a recomputed old policy; there is no KL
 penalty unless ``loss.kl_beta`` > 0 (then the starting model is kept as the reference).
+
+Off-policy steps, when asked (``train.max_off_policy_steps`` = k > 0, a remote sampler): the
+batches of the next k steps are sampled while this one trains (``off_policy.py``), so a batch
+may come from weights up to k updates old (never more; each step logs by how many). The
+sampler-vs-trainer mismatch is logged every step (``mismatch/...``) and, when asked (``loss.tis_cap``,
+``loss.mis``), corrected by truncated or masked importance weights, the loss's ratios then taken
+against the trainer's own logprobs before the update (``mismatch.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import copy
 import dataclasses
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,6 +60,7 @@ from palaestra.train.common import (
     point_final,
     set_threads,
     start_from,
+    use_bf16,
     writes_stop_the_run,
 )
 from palaestra.train.config import ConfigError, load_config, to_toml
@@ -63,51 +72,40 @@ from palaestra.train.model import (
     ADAPTER_DIR,
     add_lora,
     backbone_and_head,
+    enable_gradient_checkpointing,
     load_adapter,
     load_model,
     parameter_counts,
 )
+from palaestra.train.off_policy import Batches
 from palaestra.train.policy_update import Diverged, policy_update
 from palaestra.train.rl_config import RLConfig
 from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
+from palaestra.train.samplers.failures import check_batch, sampler_failures
+from palaestra.train.samplers.local import LocalSampler
+from palaestra.train.samplers.remote import RemoteSampler
 from palaestra.train.sft_config import ModelConfig
 from palaestra.types import Example, Rollout, RunSpec, Sampling, derive_seed
 
 
 class Sampler(Protocol):
-    """Where rollouts are sampled: ``client`` answers the engine; weights change inside ``updating()``.
-
-    A remote sampler (vLLM on a GPU) would push the new weights at the end of ``updating()``.
-    """
+    """Where rollouts are sampled: ``client`` answers the engine with the weights of the policy
+    version last synced; the trained weights change inside ``updating()`` and reach the client
+    through ``sync(version)``. ``LocalSampler`` samples the trained module in this process,
+    ``RemoteSampler`` a server (vLLM, ``palaestra serve``) that gets each version's weights."""
 
     @property
     def client(self) -> ModelClient: ...
 
+    async def start(self, version: int) -> None: ...
+
     def updating(self) -> contextlib.AbstractAsyncContextManager[None]: ...
 
+    async def sync(self, version: int) -> None: ...
+
+    async def failure(self) -> str | None: ...
+
     async def aclose(self) -> None: ...
-
-
-class LocalSampler:
-    """The trained module itself, sampled in this process by a ``LocalClient``: no weights copied."""
-
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int) -> None:
-        from palaestra.clients.local import LocalClient
-
-        self.model = model
-        self.client = LocalClient.from_model(model, tokenizer, name="policy", max_batch_size=max_batch_size)
-
-    @contextlib.asynccontextmanager
-    async def updating(self) -> AsyncIterator[None]:
-        async with self.client.paused():  # no generation runs while the weights change
-            self.model.train()
-            try:
-                yield
-            finally:
-                self.model.eval()
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
 
 
 def train_rl(config: RLConfig, *, resume: str | Path | None = None, progress: bool | None = None) -> Path:
@@ -126,9 +124,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     checkpoint, state = start_from(run_dir, resume is not None, config.train.steps)
     set_threads(config.train.threads)
     device = pick_device(config.train.device)
-    bf16 = config.train.mixed_precision == "bf16" or (
-        config.train.mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
-    )
+    bf16 = use_bf16(config.train.mixed_precision, device)
     torch.manual_seed(config.train.seed)
     env = _load_env(config.env.id, config.env.args, "env.args")
     eval_envs = [(s.name, _load_env(config.env.id, s.args, f"eval.sets {s.name}"))
@@ -148,14 +144,22 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
             model = (
                 load_adapter(model, checkpoint / ADAPTER_DIR) if checkpoint else add_lora(model, config.lora)
             )
+    if config.train.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sampler = LocalSampler(model, tokenizer, max_batch_size=config.train.max_concurrent)
+    sampler: Sampler
+    if config.sampler.kind == "local":
+        sampler = LocalSampler(model, tokenizer, max_batch_size=config.train.max_concurrent)
+    else:
+        sampler = RemoteSampler.of_run(config, model, tokenizer, run_dir)
+        await sampler.check_reachable()  # an external server that is not there: refused before any write
     trainable, total = parameter_counts(model)
     say = print if progress is not False else (lambda *_: None)
     groups_per_step = config.train.batch_size // config.train.rollouts_per_example
     say(f"env: {config.env.id}, {len(env.examples)} examples, {groups_per_step} groups of "
         f"{config.train.rollouts_per_example} per step\nmodel: {config.model.path or 'tiny'}, "
-        f"{total / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable; {device.type}\n"
+        f"{total / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable; {device.type}"
+        f"{', bf16 autocast' if bf16 else ''}; sampler {config.sampler.kind}\n"
         f"run: {run_dir}, {config.train.steps} steps, loss {config.loss.name}")  # fmt: skip
 
     # -- optimizer, learning-rate schedule, state of a resumed run --------------------------------
@@ -166,28 +170,49 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     loss_config = LossConfig(name=config.loss.name, eps_low=config.loss.eps_low, eps_high=config.loss.eps_high,
                              mask_low=config.loss.mask_low, mask_high=config.loss.mask_high,
                              kl_beta=config.loss.kl_beta, max_tokens=config.sampling.max_tokens)  # fmt: skip
+    mismatch = config.loss.mismatch()
     sampling = config.sampling.as_sampling()
     with first_writes(run_dir, new=resume is None):  # after every check: a refusal writes nothing
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / CONFIG_FILE).write_text(to_toml(config))
+        try:
+            await sampler.start(start)  # a server that cannot serve what training needs: refused here
+            (run_dir / CONFIG_FILE).write_text(to_toml(config))
+        except BaseException:
+            await sampler.aclose()  # a server it started stops with it
+            raise
     log = MetricsLog(run_dir, after_step=start)
     show = RLProgress(config.train.steps, done=start, log_every=config.output.log_every,
                       plain=None if progress else True, quiet=progress is False)  # fmt: skip
     last_saved = checkpoint
     model.eval()
+
+    def step_spec(step: int) -> RunSpec:
+        return RunSpec(rollouts_per_example=config.train.rollouts_per_example,
+                       max_concurrent=config.train.max_concurrent, sampling=sampling,
+                       seed=derive_seed("palaestra/rl", config.train.seed, step))  # fmt: skip
+
+    async def sample(step: int) -> list[Rollout]:
+        return await collect(
+            env, sampler.client, step_examples(env.examples, step, groups_per_step), step_spec(step)
+        )
+
+    ahead = config.train.max_off_policy_steps
+    batches = Batches(sampler, sample, ahead=ahead, steps=config.train.steps, version=start)
     try:
         with show, writes_stop_the_run(lambda: last_saved):
             if start == 0 and eval_envs:  # where the policy starts from
-                log.write({"step": 0, **await _evaluate(eval_envs, sampler, config, run_dir, 0)})
+                async with sampler_failures(0, sampler, last_saved), batches.newest():
+                    log.write({"step": 0, **await _evaluate(eval_envs, sampler, config, run_dir, 0)})
 
             # -- the loop ---------------------------------------------------------------------------
             for step in range(start, config.train.steps):
                 t0 = time.perf_counter()
-                examples = step_examples(env.examples, step, groups_per_step)
-                spec = RunSpec(rollouts_per_example=config.train.rollouts_per_example,
-                               max_concurrent=config.train.max_concurrent, sampling=sampling,
-                               seed=derive_seed("palaestra/rl", config.train.seed, step))  # fmt: skip
-                rollouts = await collect(env, sampler.client, examples, spec)
+                async with sampler_failures(step + 1, sampler, last_saved):
+                    batch, waited = await batches.take(step)  # sampled by policy version batch.version
+                    await check_batch(batch.rollouts, step + 1, sampler, last_saved)
+                    # k > 0: the next steps' batches are sampled while this one trains
+                    await batches.sample_ahead(step)
+                rollouts = batch.rollouts
                 t_sampled = time.perf_counter()
                 advantages = group_advantages(rollouts, scale=config.loss.advantage_scale)
                 learn = [(r, a) for r, a in zip(advantages.rollouts, advantages.values, strict=True)
@@ -207,16 +232,21 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                                 micro_batch_tokens=config.train.micro_batch_tokens,
                                 max_grad_norm=opt.max_grad_norm, device=device, bf16=bf16, pad_id=pad_id,
                                 temperature=config.sampling.temperature, reference=reference,
+                                mismatch=mismatch,
                             )  # fmt: skip
                         except Diverged as exc:
                             raise diverged(step + 1, exc.what, exc.value, last_saved) from None
+                batches.trained_to(step + 1)  # the sampler gets these weights before it samples again
                 t_trained = time.perf_counter()
                 record = step_record(step + 1, rollouts, advantages, stats, float(scheduler.get_last_lr()[0]),
-                                     t_sampled - t0, t_trained - t_sampled)  # fmt: skip
-                record["cut_sequences"] = cut
+                                     batch.seconds, t_trained - t_sampled)  # fmt: skip
+                record.update(cut_sequences=cut, policy_version=batch.version, seconds=t_trained - t0)
+                record.update(off_policy_steps=step - batch.version, seconds_waiting=waited)
+                record["seconds_sync"], batches.sync_seconds = batches.sync_seconds, 0.0
                 done = step + 1 == config.train.steps
                 if eval_envs and (done or (config.eval.every and (step + 1) % config.eval.every == 0)):
-                    record.update(await _evaluate(eval_envs, sampler, config, run_dir, step + 1))
+                    async with sampler_failures(step + 1, sampler, last_saved), batches.newest():
+                        record.update(await _evaluate(eval_envs, sampler, config, run_dir, step + 1))
                 log.write(record)
                 show.update(record)
                 every = config.output.sample_every
@@ -224,13 +254,14 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                     keep = config.output.sample_groups * config.train.rollouts_per_example
                     name = f"step-{step + 1:06d}"
                     _save_run(run_dir / "samples" / name, rollouts[:keep],
-                              _sample_metadata(rollouts[:keep], config, spec, name))  # fmt: skip
+                              _sample_metadata(rollouts[:keep], config, step_spec(step), name))  # fmt: skip
                 if done or (config.output.save_every and (step + 1) % config.output.save_every == 0):
                     last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
                                                       optimizer=optimizer, scheduler=scheduler, extra={})  # fmt: skip
                     write_curves([run_dir], run_dir / "curves.html")
                     show.note(f"checkpoint: {last_saved}")
     finally:
+        await batches.aclose()
         await sampler.aclose()
         for each in {id(e): e for e in [env, *(e for _, e in eval_envs)]}.values():
             await each.aclose()
@@ -293,6 +324,7 @@ def step_record(
                       entropy=stats.entropy, trained_tokens_per_s=stats.trained_tokens / max(training_s, 1e-9))  # fmt: skip
         if stats.kl is not None:
             record["kl"] = stats.kl
+        record.update({f"mismatch/{name}": value for name, value in stats.mismatch.items()})
     return record
 
 

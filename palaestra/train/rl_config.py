@@ -8,10 +8,12 @@ docs/rl.md is the reference of every key (the shared sections: docs/training.md)
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from palaestra.train.losses import LOSSES
+from palaestra.train.mismatch import MisLevel, MismatchConfig
 from palaestra.train.sft_config import SEED_LIMIT, LoraConfig, ModelConfig, OptimConfig, OutputConfig
 from palaestra.types import Sampling
 
@@ -64,6 +66,10 @@ class LossConfigSection:
     mask_high: float = 8.0
     kl_beta: float = 0.0  # KL to the starting model; 0 loads no reference model
     advantage_scale: Literal["none", "group_std", "batch_std"] = "none"
+    tis_cap: float = 0.0  # > 0: truncated importance weights min(rho, tis_cap) for the sampler mismatch
+    mis: MisLevel = "none"  # "token", "sequence": mask where rho leaves [mis_low, mis_high]
+    mis_low: float = 0.5
+    mis_high: float = 2.0
 
     def __post_init__(self) -> None:
         if (
@@ -76,6 +82,17 @@ class LossConfigSection:
                 "need 0 <= eps_low < 1 (the ratio's lower clip is 1 - eps_low), eps_high >= 0, "
                 "kl_beta >= 0 and 0 < mask_low < 1 < mask_high"
             )
+        if not (self.tis_cap == 0 or self.tis_cap >= 1) or not 0 < self.mis_low < 1 < self.mis_high:
+            raise ValueError(
+                f"need tis_cap 0 (off) or at least 1 (a cap below 1 would shrink every on-policy token), "
+                f"and 0 < mis_low < 1 < mis_high; got {self.tis_cap}, {self.mis_low}, {self.mis_high}"
+            )
+
+    def mismatch(self) -> MismatchConfig:
+        """The sampler-mismatch corrections these values ask for (``palaestra/train/mismatch.py``)."""
+        return MismatchConfig(
+            tis_cap=self.tis_cap, mis=self.mis, mis_low=self.mis_low, mis_high=self.mis_high
+        )
 
 
 @dataclass(frozen=True)
@@ -86,12 +103,14 @@ class RLTrainConfig:
     batch_size: int = 64
     rollouts_per_example: int = 8
     update_passes: int = 1  # optimizer steps on each batch; ratios stay taken against the sampler
+    max_off_policy_steps: int = 0  # k: the next k steps' rollouts are sampled while this one trains
     micro_batch_tokens: int = 8192  # tokens (padding included) per forward/backward pass
     max_length: int = 0  # tokens per training sequence; longer ones are cut (and counted); 0: no limit
     max_concurrent: int = 64  # model requests in flight while sampling
     seed: int = 0
     device: str = "auto"
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"
+    gradient_checkpointing: bool = False  # recompute activations in the backward: memory for compute
     threads: int = 0
 
     def __post_init__(self) -> None:
@@ -99,6 +118,10 @@ class RLTrainConfig:
                      "max_concurrent"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.max_off_policy_steps <= 1000:
+            raise ValueError(
+                f"max_off_policy_steps must be between 0 and 1000, got {self.max_off_policy_steps}"
+            )
         if self.rollouts_per_example < 2:
             raise ValueError(
                 f"rollouts_per_example must be at least 2, got {self.rollouts_per_example}: a rollout's "
@@ -170,6 +193,57 @@ class RLOutputConfig(OutputConfig):
             raise ValueError("need sample_every >= 0 and sample_groups >= 1")
 
 
+SyncName = Literal["auto", "lora", "reload"]
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Where rollouts are sampled: in this process (``local``), or by a server that speaks vLLM's
+    OpenAI API and weight-sync endpoints (``vllm``: vLLM itself, or ``palaestra serve``).
+
+    ``command`` (optional) starts that server; palaestra waits for it (``startup_timeout`` seconds)
+    and stops it at the end. ``{weights_dir}`` in it is replaced by the folder the starting
+    weights are written to (``weights_dir``; default ``RUN_DIR/sampler``), which it should serve.
+    ``sync``: how new weights reach it; ``auto`` is ``lora`` with ``[lora]`` enabled (an adapter
+    per version), else ``reload`` (the weights written to ``weights_dir``, then reloaded)."""
+
+    kind: Literal["local", "vllm"] = "local"
+    url: str = ""  # vllm: the server's base URL, http://HOST:PORT/v1
+    command: str = ""  # vllm: a command (no shell) that starts the server at url
+    startup_timeout: float = 600.0  # seconds the command's server has to answer
+    sync: SyncName = "auto"
+    weights_dir: str = ""  # the folder the server serves and reloads; "": RUN_DIR/sampler
+    model: str = ""  # the served model's name; "": the first one its /v1/models lists
+    timeout: float = 600.0  # seconds per request
+
+    def __post_init__(self) -> None:
+        from palaestra.clients.openai import ClientConfigError, check_base_url
+
+        if self.kind == "local":
+            given = [n for n in ("url", "command", "weights_dir", "model") if getattr(self, n)]
+            if given or self.sync != "auto":
+                raise ValueError(f'{(given or ["sync"])[0]} is for kind = "vllm" (a server); kind is "local"')
+            return
+        if not self.url:
+            raise ValueError('kind = "vllm" needs url, the server\'s base URL (http://HOST:PORT/v1)')
+        try:
+            check_base_url(self.url)
+        except ClientConfigError as exc:
+            raise ValueError(f"url: {exc}") from None
+        try:
+            shlex.split(self.command)
+        except ValueError as exc:
+            raise ValueError(f"command: {exc}") from None
+        if not 0 < self.startup_timeout <= 86400 or not 0 < self.timeout <= 86400:
+            raise ValueError("startup_timeout and timeout must be between 0 and 86400 seconds")
+
+    def sync_for(self, lora: bool) -> Literal["lora", "reload"]:
+        """The weight sync of a run with (``lora``) or without LoRA."""
+        if self.sync == "auto":
+            return "lora" if lora else "reload"
+        return self.sync
+
+
 @dataclass(frozen=True)
 class RLConfig:
     """Reinforcement learning on an environment's rewards, from a model (usually an SFT checkpoint)."""
@@ -183,3 +257,31 @@ class RLConfig:
     train: RLTrainConfig = field(default_factory=RLTrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: RLOutputConfig = field(default_factory=RLOutputConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+
+    def __post_init__(self) -> None:
+        if self.train.max_off_policy_steps and self.sampler.kind == "local":
+            raise ValueError(
+                "train.max_off_policy_steps > 0 needs a sampler with weights of its own (sampler.kind = "
+                '"vllm"): the local sampler samples the very module being trained'
+            )
+        if self.sampler.sync == "lora" and not self.lora.enabled:
+            raise ValueError('sampler.sync = "lora" needs [lora] enabled: there is no adapter to load')
+        sampler = self.sampler
+        if sampler.kind == "vllm" and not sampler.command and not sampler.weights_dir:
+            if sampler.sync_for(self.lora.enabled) == "reload":
+                raise ValueError(
+                    "sampler.weights_dir: a server palaestra does not start (no sampler.command) reloads the "
+                    "weights from the folder it serves; give that folder (palaestra overwrites its weights)"
+                )
+        if sampler.weights_dir and self.model.path and _same_folder(sampler.weights_dir, self.model.path):
+            raise ValueError(
+                f"sampler.weights_dir {sampler.weights_dir} is model.path: palaestra would overwrite the "
+                "model it starts from; serve a copy of it"
+            )
+
+
+def _same_folder(a: str, b: str) -> bool:
+    import os
+
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))

@@ -37,6 +37,7 @@ from palaestra.train.common import (
     point_final,
     set_threads,
     start_from,
+    use_bf16,
     writes_stop_the_run,
 )
 from palaestra.train.config import ConfigError, load_config, to_toml
@@ -48,6 +49,7 @@ from palaestra.train.model import (
     add_lora,
     backbone_and_head,
     check_lora_targets,
+    enable_gradient_checkpointing,
     load_adapter,
     load_model,
     parameter_counts,
@@ -75,9 +77,7 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
     checkpoint, state = start_from(run_dir, resume is not None, train.steps)
     set_threads(train.threads)
     device = pick_device(train.device)
-    bf16 = train.mixed_precision == "bf16" or (
-        train.mixed_precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
-    )
+    bf16 = use_bf16(train.mixed_precision, device)
     torch.manual_seed(train.seed)
     chats = load_chats(config.data.path)
     model_config = config.model
@@ -114,6 +114,8 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
                     else add_lora(model, config.lora)
                 )
         optimizer, scheduler, first_step = optimizer_and_schedule(model, config.optim, train.steps, state)
+        if train.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / CONFIG_FILE).write_text(to_toml(config))  # last: a refused --resume keeps the old one
     params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -141,11 +141,17 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # "auto": CUDA when present, else CPU
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast on a GPU that has it
+    gradient_checkpointing: bool = False  # recompute activations in the backward: memory for compute
     threads: int = 0  # torch CPU threads; 0 keeps torch's default
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "micro_batch_tokens"):
             _at_least(name, getattr(self, name), 1)
+        if self.gradient_checkpointing and self.share_prefix:
+            raise ValueError(
+                "gradient_checkpointing needs share_prefix = false: the shared prefix's cached states "
+                "are not recomputed in the backward pass"
+            )
         _at_least("threads", self.threads, 0)
         _in_range("seed", self.seed, 0, SEED_LIMIT - 1)
 
