@@ -170,13 +170,13 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     with first_writes(run_dir, new=resume is None):  # after every check: a refusal writes nothing
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / CONFIG_FILE).write_text(to_toml(config))
-    log = MetricsLog(run_dir, after_step=start)
+    log = MetricsLog(run_dir, after_step=start, config=config)
     show = RLProgress(config.train.steps, done=start, log_every=config.output.log_every,
                       plain=None if progress else True, quiet=progress is False)  # fmt: skip
     last_saved = checkpoint
     model.eval()
     try:
-        with show, writes_stop_the_run(lambda: last_saved):
+        with show, log, writes_stop_the_run(lambda: last_saved):
             if start == 0 and eval_envs:  # where the policy starts from
                 log.write({"step": 0, **await _evaluate(eval_envs, sampler, config, run_dir, 0)})
 

@@ -122,12 +122,12 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
 
     # -- 3. train ----------------------------------------------------------------------------------
     backbone, head = backbone_and_head(model)
-    log = MetricsLog(run_dir, after_step=first_step)
+    log = MetricsLog(run_dir, after_step=first_step, config=config)
     show = TrainProgress(train.steps, done=first_step, log_every=config.output.log_every,
                          plain=None if progress else True, quiet=progress is False)  # fmt: skip
     last_saved = checkpoint
     model.train()
-    with show, writes_stop_the_run(lambda: last_saved):
+    with show, log, writes_stop_the_run(lambda: last_saved):
         for step in range(first_step, train.steps):
             t0 = time.perf_counter()
             batch = [examples[i] for i in step_indices(len(examples), train.batch_size, train.seed, step)]
