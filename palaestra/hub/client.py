@@ -154,9 +154,24 @@ async def upload(url: str, token: str, paths: Sequence[Path]) -> list[dict[str, 
     return done
 
 
+async def check_token(url: str, token: str) -> str:
+    """The user ``token`` belongs to on the hub; ``HubError`` (401/403) before any build if none."""
+    target = urljoin(url, "api/token")
+    try:
+        body = await request("GET", target, token=token)
+    except HubError as exc:
+        if exc.status == 404:  # a hub older than this route: its upload checks the token
+            return ""
+        raise
+    return str(_json(body, target, "user")["user"])
+
+
 def publish(url: str, token: str, env_dir: Path, *, isolation: bool = True) -> list[dict[str, Any]]:
+    """Check the folder and the token, then build the wheel and the sdist and upload them."""
     from palaestra.runner import run_async
 
+    check_env_dir(env_dir)
+    run_async(check_token(url, token))  # a wrong token is said before a minute of building
     with tempfile.TemporaryDirectory(prefix="palaestra-publish-") as tmp:
         paths = build(env_dir, Path(tmp), isolation=isolation)
         return run_async(upload(url, token, paths))

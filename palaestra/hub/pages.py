@@ -22,6 +22,7 @@ from urllib.parse import quote
 import orjson
 from markdown_it import MarkdownIt
 
+from palaestra.hub.dist import FRAMEWORK
 from palaestra.hub.index import url_part
 from palaestra.hub.results import Board, leaderboards, reproduce_command
 
@@ -152,6 +153,25 @@ def home(projects: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]
     )
 
 
+def install_lines(name: str, url: str, *, serves_palaestra: bool) -> str:
+    """The page's install commands for ``name`` (already escaped) on the hub at ``url`` (escaped).
+
+    Every line takes the hub's packages from the hub only (never an extra index that a squatter
+    on another index could win); the other dependencies come from pip's own index."""
+    lines = [f"palaestra install {name} --hub {url}    # palaestra installed already"]
+    if serves_palaestra and name != FRAMEWORK:
+        lines.insert(0, "# no palaestra yet: palaestra from this hub, its dependencies from your index")
+        lines.insert(
+            1, f"pip install --no-deps --index-url {url}simple/ {FRAMEWORK} && pip install {FRAMEWORK}"
+        )
+    if name == FRAMEWORK:
+        lines = [f"pip install --no-deps --index-url {url}simple/ {FRAMEWORK} && pip install {FRAMEWORK}"]
+    lines.append(
+        f"uv pip install --extra-index-url {url}simple/ {name}    # uv: the hub's names from the hub only"
+    )
+    return "<pre><code>" + "\n".join(lines) + "</code></pre>"
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -194,21 +214,25 @@ def _board(board: Board, root: str) -> str:
 
 
 def project(
-    project: dict[str, Any], results: list[dict[str, Any]], *, hub_url: str | None, root: str = "../../"
+    project: dict[str, Any],
+    results: list[dict[str, Any]],
+    *,
+    hub_url: str | None,
+    root: str = "../../",
+    serves_palaestra: bool = False,
 ) -> str:
     """One environment's page: install lines, README, leaderboards, versions, dependencies.
 
     ``hub_url`` ``None`` leaves ``HUB_URL`` in the install line, for ``with_hub_url`` to fill in: the
-    hub renders a page once, whatever address it was asked at.
+    hub renders a page once, whatever address it was asked at. ``serves_palaestra``: the hub has
+    palaestra itself, so the page also says how to install on a machine that has no palaestra.
     """
     name = project["name"]
     releases = project["releases"]
     live = [r for r in releases if not r["yanked"]] or releases
     latest = live[-1]
-    install = (
-        f"<pre><code>palaestra install {esc(name)}\n"
-        f"pip install --index-url {HUB_URL if hub_url is None else esc(hub_url)}simple/ {esc(name)}</code></pre>"
-    )
+    url = HUB_URL if hub_url is None else esc(hub_url)
+    install = install_lines(name, url, serves_palaestra=serves_palaestra)
     boards = leaderboards(results)
     board_html = "".join(_board(b, root) for b in boards) or (
         "<p class=muted>No results yet. Attach one with <code>palaestra hub results RUN_DIR</code>.</p>"
