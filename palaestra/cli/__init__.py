@@ -117,9 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--path", type=Path, default=Path("environments"), help="parent folder")
     init.add_argument(
         "--kind",
-        choices=("single", "tool"),
+        choices=("single", "multiturn", "tool"),
         default="single",
-        help="single: one reply; tool: a ToolEnv with a tool",
+        help="single: one reply; multiturn: a MultiTurnEnv game; tool: a ToolEnv with a tool",
     )
     init.set_defaults(func=cmd_init)
 

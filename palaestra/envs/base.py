@@ -165,6 +165,10 @@ class Environment:
         """The metrics a scored rollout of this environment carries (an ``EnvGroup`` fills the others')."""
         return list(self.rubric.names)
 
+    def metric_info(self) -> dict[str, dict[str, Any]]:
+        """Each metric's weight in the reward and direction (``higher_is_better``), by name."""
+        return self.rubric.describe()
+
     def env_metric_names(self) -> dict[str, list[str]] | None:
         """For a mixture of environments (``EnvGroup``): each one's own metrics; ``None`` otherwise."""
         return None

@@ -199,6 +199,7 @@ def _new_metadata(
         base_url=getattr(client, "base_url", None),
         api_key_var=getattr(client, "api_key_var", None),
         pass_threshold=env.pass_threshold,
+        rubric=env.metric_info(),
         versions={
             "palaestra": palaestra.__version__,
             "env_package": _env_package(env_id),

@@ -53,6 +53,8 @@ class RunMetadata:
     base_url: str | None = None
     api_key_var: str | None = None
     pass_threshold: float = 0.5
+    # each reward function and metric: {"weight": float, "higher_is_better": bool}, for the report
+    rubric: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
     started_at: str | None = None
     finished_at: str | None = None
@@ -83,7 +85,7 @@ class RunMetadata:
             spec_data.pop("sampling", None)
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}  # fields of later versions are ignored
-        for key in ("env_args", "versions", "counts", "summary"):
+        for key in ("env_args", "rubric", "versions", "counts", "summary"):
             if values.get(key) is None:
                 values.pop(key, None)
             elif not isinstance(values[key], dict):

@@ -162,10 +162,13 @@ def install_lines(name: str, url: str, *, serves_palaestra: bool) -> str:
     if serves_palaestra and name != FRAMEWORK:
         lines.insert(0, "# no palaestra yet: palaestra from this hub, its dependencies from your index")
         lines.insert(
-            1, f"pip install --no-deps --index-url {url}simple/ {FRAMEWORK} && pip install {FRAMEWORK}"
+            1,
+            f"pip install --no-deps --index-url {url}simple/ {FRAMEWORK} &amp;&amp; pip install {FRAMEWORK}",
         )
     if name == FRAMEWORK:
-        lines = [f"pip install --no-deps --index-url {url}simple/ {FRAMEWORK} && pip install {FRAMEWORK}"]
+        lines = [
+            f"pip install --no-deps --index-url {url}simple/ {FRAMEWORK} &amp;&amp; pip install {FRAMEWORK}"
+        ]
     lines.append(
         f"uv pip install --extra-index-url {url}simple/ {name}    # uv: the hub's names from the hub only"
     )
