@@ -68,7 +68,9 @@ class Rubric:
         if weights is not None and len(weights) != len(funcs):
             raise ValueError(f"{len(funcs)} reward functions but {len(weights)} weights")
         if higher_is_better is not None and len(higher_is_better) != len(funcs):
-            raise ValueError(f"{len(funcs)} reward functions but {len(higher_is_better)} higher_is_better flags")
+            raise ValueError(
+                f"{len(funcs)} reward functions but {len(higher_is_better)} higher_is_better flags"
+            )
         self.funcs: list[Callable[..., Any]] = []
         self.weights: list[float] = []
         self.higher_is_better: list[bool] = []

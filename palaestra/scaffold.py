@@ -43,7 +43,7 @@ KINDS = {
 TEMPLATES = {template: path for kind in KINDS.values() for template, path in kind.items()}  # every file
 TASKS = {  # the README's "{{task}}": what the generated package does
     "single": "a small single-turn task — name a country's capital —",
-    "multiturn": "a small multi-turn game — guess a number from \"higher\" and \"lower\" hints —",
+    "multiturn": 'a small multi-turn game — guess a number from "higher" and "lower" hints —',
     "tool": "a small tool-using task — look a country up with a tool, then answer —",
 }
 
