@@ -91,8 +91,10 @@ def test_a_page_says_how_to_install_with_no_palaestra_when_the_hub_serves_it() -
     url = "http://hub.example/"
     without = pages.project(project, [], hub_url=url)
     assert f"palaestra install {ECHO} --hub {url}" in without and "--no-deps" not in without
-    served = pages.project(project, [], hub_url=url, serves_palaestra=True)
-    bootstrap = f"pip install --no-deps --index-url {url}simple/ palaestra &amp;&amp; pip install palaestra"
+    wheel = ("palaestra-0.1.0-py3-none-any.whl", "ab" * 32)
+    served = pages.project(project, [], hub_url=url, palaestra_wheel=wheel)
+    pin = f"palaestra @ {url}files/palaestra/{wheel[0]}#sha256={wheel[1]}"
+    bootstrap = f"pip install --no-deps &quot;{pin}&quot; &amp;&amp; pip install palaestra"
     assert bootstrap in served
     assert served.index(bootstrap) < served.index(f"palaestra install {ECHO} --hub {url}")
 

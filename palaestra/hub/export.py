@@ -56,7 +56,7 @@ def export(data: HubData, out: Path, *, hub_url: str = "") -> int:
     url = hub_url.rstrip("/") + "/" if hub_url else "HUB_URL/"
     body, _ = index.root(projects, "html")
     _write(out / "simple" / "index.html", body)
-    names = {p["name"] for p in projects}
+    wheel = pages.palaestra_wheel(catalog.project(FRAMEWORK))
     for summary in projects:
         name = summary["name"]
         project = catalog.project(name)
@@ -70,7 +70,7 @@ def export(data: HubData, out: Path, *, hub_url: str = "") -> int:
                     written += 1
         results = catalog.results(name)
         attached[name] = results
-        page = pages.project(project, results, hub_url=url, serves_palaestra=FRAMEWORK in names)
+        page = pages.project(project, results, hub_url=url, palaestra_wheel=wheel)
         _write(out / "env" / name / "index.html", page)
         for run in results:
             report = data.reports / f"{run['id']}.html"

@@ -354,8 +354,9 @@ class HubServer:
             if project is None:
                 return None
             results = await self._run(self.data.catalog.results, name)
-            framework = await self._run(self.data.catalog.project, FRAMEWORK) is not None
-            page = pages.project(project, results, hub_url=None, serves_palaestra=framework)
+            framework = await self._run(self.data.catalog.project, FRAMEWORK)
+            wheel = pages.palaestra_wheel(framework)
+            page = pages.project(project, results, hub_url=None, palaestra_wheel=wheel)
             return page.encode(), "text/html; charset=utf-8"
 
         # one rendering whatever the Host header: a client cannot make the hub render a README per host
