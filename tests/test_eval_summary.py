@@ -141,7 +141,7 @@ def test_metrics_cover_every_name_even_when_some_rollouts_lack_it() -> None:
     ]
     metrics = summarize(rollouts, rollouts_per_example=3)["metrics"]
     assert list(metrics) == ["a", "b"]
-    assert metrics["a"] == {"mean": 1.0, "std": 0.0, "n": 1}
+    assert metrics["a"] == {"mean": 1.0, "std": 0.0, "n": 1, "min": 1.0, "max": 1.0}
     assert metrics["b"]["mean"] == pytest.approx(0.5)
     assert metrics["b"]["std"] == pytest.approx(0.5)
     assert metrics["b"]["n"] == 3

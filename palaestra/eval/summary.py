@@ -124,7 +124,16 @@ def _metric_stats(rollouts: Sequence[Rollout], only: set[str] | None = None) -> 
         for name, value in r.metrics.items():
             if value is not None and (only is None or name in only):
                 values.setdefault(name, []).append(value)
-    return {name: {"mean": _mean(vs), "std": _std(vs), "n": len(vs)} for name, vs in sorted(values.items())}
+    return {
+        name: {"mean": _mean(vs), "std": _std(vs), "n": len(vs), **_min_max(vs)}
+        for name, vs in sorted(values.items())
+    }
+
+
+def _min_max(values: Sequence[float]) -> dict[str, float | None]:
+    """The lowest and highest finite values (the report draws each metric on its own scale)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return {"min": min(finite), "max": max(finite)} if finite else {"min": None, "max": None}
 
 
 def _finite(x: float | None) -> float | None:
