@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import signal
 import threading
 from dataclasses import dataclass, replace
@@ -122,9 +123,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         run = run_async(go())
     except (KeyboardInterrupt, asyncio.CancelledError):
-        raise KeyboardInterrupt(f"interrupted{_resume_hint(started)}") from None
+        raise KeyboardInterrupt(f"interrupted{_resume_hint(started, settings.client.model)}") from None
     except pa.ModelUnavailable as exc:
-        raise Stopped(f"{exc}{_resume_hint(started)}") from None
+        raise Stopped(f"{exc}{_resume_hint(started, settings.client.model)}") from None
     title = f"{settings.env_id} · {settings.client.model} · {run.metadata.counts['saved']} rollouts"
     render_summary(console, run.summary, title=title)
     sample = pick_sample(run.rollouts)
@@ -144,8 +145,12 @@ class Stopped(Exception):
     """The run stopped early for a reason outside the user's input (a server that went away)."""
 
 
-def _resume_hint(started: list[Path]) -> str:
-    return f"; resume with: palaestra eval --resume {started[0]}" if started else ""
+def _resume_hint(started: list[Path], model: str) -> str:
+    """How to resume: a scripted run must name its policy again (a saved file never names code to run)."""
+    if not started:
+        return ""
+    again = f" -m {shlex.quote(model)}" if model.startswith(SCRIPTED_PREFIX) else ""
+    return f"; resume with: palaestra eval --resume {shlex.quote(str(started[0]))}{again}"
 
 
 def _fresh_settings(args: argparse.Namespace) -> Settings:

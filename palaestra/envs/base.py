@@ -169,6 +169,10 @@ class Environment:
         """Each metric's weight in the reward and direction (``higher_is_better``), by name."""
         return self.rubric.describe()
 
+    def env_pass_thresholds(self) -> dict[str, float] | None:
+        """For a mixture of environments (``EnvGroup``): each one's ``pass_threshold``; ``None`` otherwise."""
+        return None
+
     def env_metric_names(self) -> dict[str, list[str]] | None:
         """For a mixture of environments (``EnvGroup``): each one's own metrics; ``None`` otherwise."""
         return None

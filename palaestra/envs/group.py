@@ -148,6 +148,10 @@ class EnvGroup(Environment):
                 out.setdefault(name, info)
         return dict(sorted(out.items()))
 
+    def env_pass_thresholds(self) -> dict[str, float] | None:
+        """Each environment's own pass threshold: its rollouts pass or fail by it."""
+        return {name: env.pass_threshold for name, env in self.envs.items()}
+
     def env_metric_names(self) -> dict[str, list[str]] | None:
         """Each environment's own metrics, for per-environment summaries."""
         return {name: env.metric_names() for name, env in self.envs.items()}

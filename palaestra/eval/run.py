@@ -144,7 +144,8 @@ async def _run(
             "errors": sum(x.error is not None for x in rollouts),
         }
         metadata.summary = summarize(rollouts, rollouts_per_example=r, pass_threshold=metadata.pass_threshold,
-                                     env_metrics=env.env_metric_names())  # fmt: skip
+                                     env_metrics=env.env_metric_names(),
+                                     env_thresholds=env.env_pass_thresholds())  # fmt: skip
         if store is not None:
             store.write_metadata(metadata)
     return EvalRun(path=store.path if store else None, metadata=metadata, rollouts=rollouts)

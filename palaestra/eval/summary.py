@@ -69,6 +69,7 @@ def summarize(
     rollouts_per_example: int,
     pass_threshold: float = 0.5,
     env_metrics: Mapping[str, Sequence[str]] | None = None,
+    env_thresholds: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Reward, metric, pass@k, stop-reason, error, timing and token statistics of a run.
 
@@ -77,18 +78,22 @@ def summarize(
     in pass@k. The 95% CI of the mean reward is a t-interval clipped to the lowest and highest
     reward seen. Rollouts of an ``EnvGroup`` also get ``by_env``: the same reward, metric and
     pass@k statistics per environment, with only the metrics ``env_metrics`` names for it (all,
-    when it does not name the environment).
+    when it does not name the environment), and pass@k against each one's own threshold
+    (``env_thresholds``; the top-level pass@k too: a rollout passes by its environment's). A
+    top-level metric's statistics are over the rows of the environments that have it, never the
+    zeros the group fills in for the others.
     """
+    thresholds = env_thresholds or {}
     rewards = [r.reward for r in rollouts if r.reward is not None]
     out: dict[str, Any] = {
         "n_rollouts": len(rollouts),
         "n_examples": len({r.example_id for r in rollouts}),
         "rollouts_per_example": rollouts_per_example,
         "reward": _reward_stats(rewards),
-        "metrics": _metric_stats(rollouts),
+        "metrics": _metric_stats(rollouts, owners=_owners(env_metrics)),
         "histogram": _histogram(rewards),
         "pass_threshold": pass_threshold,
-        "pass_at_k": _pass_at_k(rollouts, rollouts_per_example, pass_threshold),
+        "pass_at_k": _pass_at_k(rollouts, rollouts_per_example, pass_threshold, thresholds),
         "stop_reasons": _stop_reasons(rollouts),
         "errors": _errors(rollouts),
         "timing": {
@@ -111,19 +116,37 @@ def summarize(
                 "n_examples": len({r.example_id for r in own}),
                 "reward": _reward_stats([r.reward for r in own if r.reward is not None]),
                 "metrics": _metric_stats(own, None if shown is None else set(shown)),
-                "pass_at_k": _pass_at_k(own, rollouts_per_example, pass_threshold),
+                "pass_threshold": thresholds.get(name, pass_threshold),
+                "pass_at_k": _pass_at_k(own, rollouts_per_example, thresholds.get(name, pass_threshold)),
                 "errors": sum(r.error is not None for r in own),
             }
         out["by_env"] = by_env
     return out
 
 
-def _metric_stats(rollouts: Sequence[Rollout], only: set[str] | None = None) -> dict[str, Any]:
+def _owners(env_metrics: Mapping[str, Sequence[str]] | None) -> dict[str, set[str]] | None:
+    """Metric name → the environments that have it (None: no group, every row has every metric)."""
+    if not env_metrics:
+        return None
+    owners: dict[str, set[str]] = {}
+    for env, names in env_metrics.items():
+        for name in names:
+            owners.setdefault(name, set()).add(env)
+    return owners
+
+
+def _metric_stats(
+    rollouts: Sequence[Rollout], only: set[str] | None = None, *, owners: dict[str, set[str]] | None = None
+) -> dict[str, Any]:
+    """Each metric's statistics; with ``owners``, over the rows of the environments that have it."""
     values: dict[str, list[float]] = {}
     for r in rollouts:
         for name, value in r.metrics.items():
-            if value is not None and (only is None or name in only):
-                values.setdefault(name, []).append(value)
+            if value is None or (only is not None and name not in only):
+                continue
+            if owners is not None and r.env is not None and r.env not in owners.get(name, {r.env}):
+                continue  # the 0.0 a group fills in for another environment's metric
+            values.setdefault(name, []).append(value)
     return {
         name: {"mean": _mean(vs), "std": _std(vs), "n": len(vs), **_min_max(vs)}
         for name, vs in sorted(values.items())
@@ -191,14 +214,21 @@ def _histogram(rewards: Sequence[float]) -> dict[str, list[Any]]:
     return {"edges": edges, "counts": counts}
 
 
-def _pass_at_k(rollouts: Sequence[Rollout], rollouts_per_example: int, threshold: float) -> dict[str, float]:
+def _pass_at_k(
+    rollouts: Sequence[Rollout],
+    rollouts_per_example: int,
+    threshold: float,
+    env_thresholds: Mapping[str, float] | None = None,
+) -> dict[str, float]:
     """pass@k for k = 1, 2, 4, ... <= rollouts_per_example, averaged over examples with >= k rollouts.
 
+    A rollout passes at its environment's threshold (``env_thresholds``), else at ``threshold``.
     A k that no example has enough rollouts for is left out.
     """
     per_example: dict[int, list[bool]] = {}
     for r in rollouts:
-        per_example.setdefault(r.example_id, []).append(r.reward is not None and r.reward >= threshold)
+        bar = (env_thresholds or {}).get(r.env or "", threshold)
+        per_example.setdefault(r.example_id, []).append(r.reward is not None and r.reward >= bar)
     out: dict[str, float] = {}
     k = 1
     while per_example and k <= rollouts_per_example:
@@ -402,7 +432,23 @@ def render_summary(console: Console, summary: dict[str, Any], *, title: str | No
 
 
 def _render_by_env(console: Console, by_env: dict[str, Any]) -> None:
-    """One line per environment of a group: its reward, pass@1 and its own metrics' means."""
+    """One row per environment of a group: its reward, pass@1 and its own metrics' means; plain
+    lines when the output is not a terminal (a log, a pipe), where a wide table would be cut up."""
+    if not console.is_terminal:
+        console.print(Text("per environment", style="bold"))
+        for name, stats in by_env.items():
+            reward, ci = stats["reward"], stats["reward"]["ci95"]
+            bar = stats.get("pass_threshold")
+            parts = [
+                f"{stats['n_rollouts']} rollouts",
+                f"reward {_num(reward['mean'])}" + (f" [{_num(ci[0])}, {_num(ci[1])}]" if ci else ""),
+                f"pass@1 {_num(stats['pass_at_k'].get('1'))}"
+                + (f" (reward ≥ {bar:g})" if bar is not None else ""),
+                f"failed {stats['errors']}",
+                *(f"{m} {_num(v['mean'])}" for m, v in stats["metrics"].items()),
+            ]
+            console.print(Text(f"  {name}: " + " · ".join(parts)), soft_wrap=True)
+        return
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="per environment", title_justify="left")
     for header in ("environment", "rollouts", "reward", "95% CI", "pass@1", "failed", "its metrics (mean)"):
         table.add_column(header, justify="right" if header in ("rollouts", "reward", "pass@1", "failed") else "left",
