@@ -13,6 +13,7 @@ import asyncio
 import os
 import shlex
 import signal
+import sys
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -92,6 +93,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         spec = spec.replace(sampling=make_sampling(env.sampling, args))
     if args.resume is not None:
         _say_what_resume_does(console, args.resume, env, spec)
+    _warn_of_training_overlap(settings.client.model, env, spec)
     client = make_client(settings.client, spec.max_concurrent)
     started: list[Path] = [args.resume] if args.resume is not None else []
 
@@ -143,6 +145,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 class Stopped(Exception):
     """The run stopped early for a reason outside the user's input (a server that went away)."""
+
+
+def _warn_of_training_overlap(model: str, env: pa.Environment, spec: RunSpec) -> None:
+    """A warning when the examples to run were prompts of the SFT run that made ``model``."""
+    from palaestra.train.overlap import overlapping, train_prompts_for
+
+    if model.startswith(SCRIPTED_PREFIX):
+        return
+    found = train_prompts_for(model.removeprefix("local:"))
+    if found is None:
+        return
+    run_dir, trained = found
+    examples = env.select(spec.num_examples)
+    shared = overlapping([e.prompt for e in examples], trained)
+    if shared:
+        print(
+            f"palaestra: warning: {shared} of the {len(examples)} examples to run were prompts of the SFT "
+            f"data of {model} ({run_dir}): the evaluation overlaps the training data; give the "
+            "environment another seed or split (-a)",
+            file=sys.stderr,
+        )
 
 
 def _resume_hint(started: list[Path], model: str) -> str:

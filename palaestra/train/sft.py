@@ -52,6 +52,7 @@ from palaestra.train.model import (
     load_model,
     parameter_counts,
 )
+from palaestra.train.overlap import write_train_prompts
 from palaestra.train.prefix import SharedPrefix, shared_prefix_length
 from palaestra.train.sft_config import ModelConfig, SFTConfig
 from palaestra.train.tokenize import IGNORE, Encoded, encode, end_of_turn_ids
@@ -115,6 +116,7 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
                 )
         optimizer, scheduler, first_step = optimizer_and_schedule(model, config.optim, train.steps, state)
         run_dir.mkdir(parents=True, exist_ok=True)
+        write_train_prompts(run_dir, (c.messages for c in chats), config.data.path)  # eval warns of overlap
         (run_dir / CONFIG_FILE).write_text(to_toml(config))  # last: a refused --resume keeps the old one
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if progress is not False:
