@@ -75,6 +75,7 @@ class OpenAIClient:
             raise ClientConfigError(f"transport must be 'aiohttp' or 'openai', not {transport!r}")
         self.model = model
         self.token_ids = token_ids  # None: ask when check() finds a server that gives them
+        self.completion_tokens = 0  # of every reply so far: what a progress bar shows live
         self._asks_token_ids = bool(token_ids)
         self.base_url = check_base_url(base_url)
         self.api_key_var = api_key_var
@@ -112,7 +113,9 @@ class OpenAIClient:
         attempt = 0
         while True:
             try:
-                return parse_completion(await send(body))
+                response = parse_completion(await send(body))
+                self.completion_tokens += response.usage.completion_tokens
+                return response
             except TransientModelError as exc:
                 if attempt >= self.max_retries:
                     raise

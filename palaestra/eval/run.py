@@ -30,7 +30,7 @@ import palaestra
 from palaestra.clients.base import ModelClient
 from palaestra.engine import stream_groups
 from palaestra.envs.base import Environment
-from palaestra.eval.progress import EvalProgress
+from palaestra.eval.progress import EvalProgress, token_counter
 from palaestra.eval.store import EvalRun, RunMetadata, RunStore, RunStoreError, load_run
 from palaestra.eval.summary import summarize
 from palaestra.types import Example, Rollout, RunSpec
@@ -119,7 +119,8 @@ async def _run(
     rollouts = list(kept)
     bar = None
     if progress is not False:  # True: a bar where stderr is a terminal; None: plain lines
-        bar = EvalProgress(len(examples) * r, done=len(kept), plain=None if progress else True)
+        bar = EvalProgress(len(examples) * r, done=len(kept), plain=None if progress else True,
+                           live_tokens=token_counter(client))  # fmt: skip
     status = "interrupted"
     try:
         groups = stream_groups(env, client, todo, spec)
