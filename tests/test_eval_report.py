@@ -442,3 +442,11 @@ def test_rollouts_preview_their_task_and_two_runs_compare_per_example_in_chromiu
         assert driver.save_screenshot(str(shot))
     finally:
         driver.quit()
+
+
+def test_a_run_of_all_examples_says_how_many_it_has(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "a", make_rollouts())
+    meta = json.loads((run / "metadata.json").read_text())
+    (run / "metadata.json").write_text(json.dumps({**meta, "num_examples": -1}))  # as the RL samples save it
+    html = write_report([run]).read_text()
+    assert "<dt>Examples</dt><dd>all (8) × 2 rollouts</dd>" in html and "-1 ×" not in html

@@ -131,7 +131,7 @@ def _header(run: EvalRun) -> str:
         ("Run id", f"<code>{_e(md.get('run_id'))}</code>"),
         ("Status", f'<span class="status status-{status_cls}">{_e(status)}</span>'),
         ("Rollouts", _e(" · ".join(f"{k} {v}" for k, v in counts.items()) or str(len(run.rollouts)))),
-        ("Examples", _e(f"{md.get('num_examples', '—')} × {md.get('rollouts_per_example', '—')} rollouts")),
+        ("Examples", _e(f"{_examples(md, run.summary)} × {md.get('rollouts_per_example', '—')} rollouts")),
         ("Started", _e(started or "—")),
         ("Finished", _e(finished or "—") + _duration(started, finished)),
         ("Seed", _e(md.get("seed", "—"))),
@@ -142,6 +142,15 @@ def _header(run: EvalRun) -> str:
         ("Directory", f"<code>{_e(run.path)}</code>"),
     ]
     return '<dl class="meta">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+
+
+def _examples(md: dict[str, Any], summary: dict[str, Any]) -> str:
+    """How many examples the run has: the spec's count, or for "all" (-1) the count the run holds."""
+    n = md.get("num_examples")
+    if isinstance(n, int) and n >= 0:
+        return str(n)
+    held = summary.get("n_examples")
+    return f"all ({held})" if isinstance(held, int) else "all"
 
 
 def _duration(start: Any, end: Any) -> str:
