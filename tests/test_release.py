@@ -279,3 +279,28 @@ def test_hub_serve_and_init_run_from_the_wheel(fresh: dict[str, Any]) -> None:
         proc.wait(timeout=30)
     run(["palaestra", "init", "guess", "--kind", "multiturn", "--path", "envs"], env=env, cwd=work)
     assert (work / "envs" / "guess" / "tests" / "test_guess_env.py").is_file()  # the templates are bundled
+
+
+@pytest.mark.slow
+def test_the_environment_page_shows_the_install_lines_in_chromium(
+    fresh: dict[str, Any], tmp_path: Path
+) -> None:
+    """What a person copies from the page: the lines the fresh venv was installed with."""
+    from browser import chrome
+    from selenium.webdriver.common.by import By
+
+    driver = chrome(tmp_path, console_log=True)
+    try:
+        driver.get(f"{fresh['url']}env/palaestra-env-reverse-text/")
+        box = driver.find_element(By.CSS_SELECTOR, "aside pre code").text
+        shown = [
+            line.split("    #")[0].strip() for line in box.splitlines() if line and not line.startswith("#")
+        ]
+        assert shown == fresh["lines"]  # the very lines the fresh venv was installed with
+        assert "no palaestra yet" in box
+        errors = [
+            e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "favicon" not in e["message"]
+        ]
+        assert not errors, errors
+    finally:
+        driver.quit()

@@ -95,7 +95,6 @@ class WandbTracker:
             group=run_dir.name,
             config=dict(config),
             mode="online" if mode == "online" else "offline",
-            reinit="create_new",
         )
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
