@@ -167,7 +167,15 @@ class Environment:
 
     def metric_info(self) -> dict[str, dict[str, Any]]:
         """Each metric's weight in the reward and direction (``higher_is_better``), by name."""
-        return self.rubric.describe()
+        describe = getattr(self.rubric, "describe", None)
+        if callable(describe):
+            return dict(describe())
+        # a rubric of another shape (verifiers' own, through palaestra.compat): its functions and weights
+        funcs, weights = getattr(self.rubric, "funcs", []), getattr(self.rubric, "weights", [])
+        return {
+            getattr(f, "__name__", str(f)): {"weight": float(w), "higher_is_better": True}
+            for f, w in zip(funcs, weights, strict=False)
+        }
 
     def env_pass_thresholds(self) -> dict[str, float] | None:
         """For a mixture of environments (``EnvGroup``): each one's ``pass_threshold``; ``None`` otherwise."""
