@@ -9,13 +9,8 @@ import math
 import pytest
 from rich.console import Console
 
-from palaestra.eval.summary import (
-    pick_sample,
-    render_rollout,
-    render_summary,
-    summarize,
-    t_quantile_975,
-)
+from palaestra.eval.summary import pick_sample, summarize, t_quantile_975
+from palaestra.eval.summary_view import render_rollout, render_summary
 from palaestra.types import ErrorInfo, Rollout, Timing, Usage
 
 

@@ -9,7 +9,7 @@ import io
 from rich.console import Console
 
 import palaestra as pa
-from palaestra.eval.summary import render_summary
+from palaestra.eval.summary_view import render_summary
 
 
 def half(completion: pa.Messages) -> float:

@@ -36,7 +36,8 @@ from palaestra.cli.common import (
 )
 from palaestra.eval.run import evaluate, resume_plan
 from palaestra.eval.store import EvalRun, RunStore
-from palaestra.eval.summary import pick_sample, render_rollout, render_summary
+from palaestra.eval.summary import pick_sample
+from palaestra.eval.summary_view import render_rollout, render_summary
 from palaestra.registry import eval_defaults
 from palaestra.runner import run_async
 from palaestra.types import RunSpec
