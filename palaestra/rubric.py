@@ -8,7 +8,9 @@ A group function, marked with ``@group_reward``, sees the whole group of rollout
 at once: each argument is then a list (one entry per rollout) and it returns a list of floats.
 
 Functions run one after the other; an ``async`` one is awaited for all rollouts of the group at
-once. Weight 0 makes a function a metric: recorded, not part of the reward. A function that raises is
+once. Weight 0 makes a function a metric: recorded, not part of the reward. Each function says which
+way is better (``higher_is_better``, default True; False for turns used, errors, ...): the report
+colours its deltas by it. A function that raises is
 recorded as that rollout's error (stage ``scoring``) and its reward is ``None`` — never scored 0.
 A rollout that failed before scoring (model, environment, timeout) is not scored at all.
 """
@@ -49,7 +51,7 @@ class RewardError(Exception):
 
 
 class Rubric:
-    """Weighted reward functions. ``weights`` defaults to 1.0 each.
+    """Weighted reward functions. ``weights`` defaults to 1.0 each, ``higher_is_better`` to True each.
 
     Unknown argument names are rejected when an environment binds the rubric to its dataset
     (``bind``), which is when the dataset's columns are known.
@@ -61,20 +63,36 @@ class Rubric:
         weights: Sequence[float] | None = None,
         *,
         parser: Parser | None = None,
+        higher_is_better: Sequence[bool] | None = None,
     ) -> None:
         if weights is not None and len(weights) != len(funcs):
             raise ValueError(f"{len(funcs)} reward functions but {len(weights)} weights")
+        if higher_is_better is not None and len(higher_is_better) != len(funcs):
+            raise ValueError(
+                f"{len(funcs)} reward functions but {len(higher_is_better)} higher_is_better flags"
+            )
         self.funcs: list[Callable[..., Any]] = []
         self.weights: list[float] = []
+        self.higher_is_better: list[bool] = []
         self.parser = parser or Parser()
         self.parser_given = parser is not None  # if not, an environment hands it its own parser
         self._parsers: list[Parser | None] = []  # per function; None means the rubric's parser
         self._binders: list[Binder] | None = None
         for i, func in enumerate(funcs):
-            self.add(func, 1.0 if weights is None else weights[i])
+            better = True if higher_is_better is None else bool(higher_is_better[i])
+            self.add(func, 1.0 if weights is None else weights[i], higher_is_better=better)
 
-    def add(self, func: Callable[..., Any], weight: float = 1.0, *, parser: Parser | None = None) -> None:
-        """Append a reward function; ``parser`` (default: the rubric's) is what it gets as ``parser``."""
+    def add(
+        self,
+        func: Callable[..., Any],
+        weight: float = 1.0,
+        *,
+        parser: Parser | None = None,
+        higher_is_better: bool = True,
+    ) -> None:
+        """Append a reward function; ``parser`` (default: the rubric's) is what it gets as ``parser``.
+
+        ``higher_is_better=False`` marks a metric where less is better (turns used, errors)."""
         name = getattr(func, "__name__", None)
         if not callable(func) or not name:
             raise TypeError(f"reward functions must be named callables, got {func!r}")
@@ -82,12 +100,21 @@ class Rubric:
             raise ValueError(f"two reward functions are named {name!r}; metrics are keyed by name")
         self.funcs.append(func)
         self.weights.append(float(weight))
+        self.higher_is_better.append(bool(higher_is_better))
         self._parsers.append(parser)
         self._binders = None
 
     @property
     def names(self) -> list[str]:
         return [f.__name__ for f in self.funcs]
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Each function's weight and direction, by name: what a saved run keeps for its report."""
+        better = [*self.higher_is_better, *[True] * (len(self.funcs) - len(self.higher_is_better))]
+        return {  # funcs and weights edited in place (as a subclass may) keep the default direction
+            getattr(f, "__name__", str(f)): {"weight": float(w), "higher_is_better": b}
+            for f, w, b in zip(self.funcs, self.weights, better, strict=False)
+        }
 
     def bind(self, columns: Sequence[str] = ()) -> None:
         """Check every function's arguments against what will be available; raise if one is unknown."""
@@ -194,8 +221,10 @@ class RubricGroup(Rubric):
         self.rubrics = list(rubrics)
         for rubric in rubrics:
             own = rubric.parser if rubric.parser_given else None
-            for func, weight, parser in zip(rubric.funcs, rubric.weights, rubric._parsers, strict=True):
-                self.add(func, weight, parser=parser or own)
+            for func, weight, parser, better in zip(
+                rubric.funcs, rubric.weights, rubric._parsers, rubric.higher_is_better, strict=True
+            ):
+                self.add(func, weight, parser=parser or own, higher_is_better=better)
 
 
 def _as_float(name: str, value: Any) -> float:

@@ -1,7 +1,7 @@
 """Scaffold a new environment package: ``palaestra init NAME`` calls ``create_environment``.
 
 The files come from ``palaestra/templates/``: plain text with ``{{name}}``, ``{{module}}``,
-``{{package}}`` and ``{{task}}`` markers, filled with ``str.replace`` (not ``str.format``, which would trip on the
+``{{package}}``, ``{{class}}`` and ``{{task}}`` markers, filled with ``str.replace`` (not ``str.format``, which would trip on the
 braces of the Python code inside). The generated package works as generated: its test passes
 before you change anything.
 """
@@ -27,6 +27,12 @@ KINDS = {
         "README.md.tmpl": "README.md",
         "test_environment.py.tmpl": "tests/test_{{module}}_env.py",
     },
+    "multiturn": {
+        "pyproject.toml.tmpl": "pyproject.toml",
+        "multiturn_environment.py.tmpl": "{{module}}.py",
+        "README_multiturn.md.tmpl": "README.md",
+        "test_multiturn_environment.py.tmpl": "tests/test_{{module}}_env.py",
+    },
     "tool": {
         "pyproject.toml.tmpl": "pyproject.toml",
         "tool_environment.py.tmpl": "{{module}}.py",
@@ -37,6 +43,7 @@ KINDS = {
 TEMPLATES = {template: path for kind in KINDS.values() for template, path in kind.items()}  # every file
 TASKS = {  # the README's "{{task}}": what the generated package does
     "single": "a small single-turn task — name a country's capital —",
+    "multiturn": 'a small multi-turn game — guess a number from "higher" and "lower" hints —',
     "tool": "a small tool-using task — look a country up with a tool, then answer —",
 }
 
@@ -77,6 +84,7 @@ def _fill(text: str, names: EnvironmentNames, kind: str = "single") -> str:
         ("{{module}}", names.module),
         ("{{package}}", names.package),
         ("{{task}}", TASKS[kind]),
+        ("{{class}}", "".join(part.capitalize() for part in names.module.split("_")) + "Env"),
         ("{{init}}", f"palaestra init {names.name}" + ("" if kind == "single" else f" --kind {kind}")),
         ("{{arguments}}", "\n| `max_turns` | `4` | model replies per rollout |" if kind == "tool" else ""),
     ):
@@ -89,7 +97,8 @@ def _fill(text: str, names: EnvironmentNames, kind: str = "single") -> str:
 def create_environment(name: str, parent: Path, kind: str = "single") -> Path:
     """Create the environment package ``parent/<module>/`` and return its path.
 
-    ``kind`` is ``single`` (a single-turn task) or ``tool`` (a ``ToolEnv`` with one tool). Raises
+    ``kind`` is ``single`` (a single-turn task), ``multiturn`` (a ``MultiTurnEnv`` game) or ``tool``
+    (a ``ToolEnv`` with one tool). Raises
     ``ValueError`` for an invalid name (or one that would shadow an importable module) or kind,
     and ``FileExistsError`` if the folder exists: nothing is ever overwritten.
     """

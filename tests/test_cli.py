@@ -68,7 +68,7 @@ async def test_eval_against_an_http_server(tmp_path: Path) -> None:
         (["eval", "reverse_text", "-m", "x", "-a", '{"bogus": 1}'], "does not take 'bogus'"),
         (["eval", "reverse_text", "-m", "x", "-a", '{"num_examples": 0}'], "num_examples"),
         (["eval", "reverse_text", "-m", "scripted:nope"], "expected scripted:MODULE:FUNCTION"),
-        (["eval", "reverse_text", "-m", "scripted:reverse_text:missing"], "cannot load"),
+        (["eval", "reverse_text", "-m", "scripted:reverse_text:missing"], "has no function 'missing'"),
         (["eval", "reverse_text", "-m", "x", "-r", "0"], "-r must be at least 1"),
         (["eval", "reverse_text", "-m", "x", "-n", "0"], "no examples to run"),
         (["eval", "reverse_text", "-m", "local:/no/such/model"], "/no/such/model"),

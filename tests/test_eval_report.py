@@ -75,7 +75,8 @@ def _rollout(eid: int, idx: int, completion: list[dict[str, Any]], reward: float
                    metrics=metrics, stop_reason=stop, error=error)  # fmt: skip
 
 
-def write_run(path: Path, rollouts: list[Rollout], *, env_id: str = "toy", model: str = "model-a", summary: bool = True) -> Path:  # fmt: skip
+def write_run(path: Path, rollouts: list[Rollout], *, env_id: str = "toy", model: str = "model-a", summary: bool = True,
+              rubric: dict[str, Any] | None = None) -> Path:  # fmt: skip
     path.mkdir(parents=True)
     (path / "results.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in rollouts))
     metadata: dict[str, Any] = {
@@ -85,6 +86,7 @@ def write_run(path: Path, rollouts: list[Rollout], *, env_id: str = "toy", model
         "versions": {"palaestra": "0.1.0", "env_package": "0.1", "python": "3.11"},
         "started_at": "2025-01-01T10:00:00+00:00", "finished_at": "2025-01-01T10:01:30+00:00",
         "status": "complete", "counts": {"expected": 16, "saved": len(rollouts), "errors": 2},
+        "rubric": rubric or {},
     }  # fmt: skip
     if summary:
         metadata["summary"] = summarize(rollouts, rollouts_per_example=2, pass_threshold=0.5)
@@ -179,7 +181,7 @@ def test_two_runs_of_one_env_show_signed_deltas(tmp_path: Path) -> None:
     b = write_run(tmp_path / "b", make_rollouts(shift=0.1), model="model-b")
     html = write_report([a, b], tmp_path / "cmp.html").read_text()
     sa, sb = (json.loads((d / "metadata.json").read_text())["summary"] for d in (a, b))
-    rows = dict(re.findall(r'<tr class="cmp-row" data-name="([^"]+)">(.*?)</tr>', html))
+    rows = dict(re.findall(r'<tr class="cmp-row" data-name="([^"]+)"[^>]*>(.*?)</tr>', html))
     deltas = {name: float(re.findall(r'data-delta="([-\d.]+)"', row)[0]) for name, row in rows.items()}
     assert deltas["reward mean"] == pytest.approx(sb["reward"]["mean"] - sa["reward"]["mean"], abs=1e-6)
     assert deltas["pass@1"] == pytest.approx(sb["pass_at_k"]["1"] - sa["pass_at_k"]["1"], abs=1e-6)
@@ -190,6 +192,56 @@ def test_two_runs_of_one_env_show_signed_deltas(tmp_path: Path) -> None:
     assert "Deltas are against run 1" in html
     assert [len(r) for r in embedded(html)] == [15, 15]  # both runs browsable
     assert 'id="run-0"' in html and 'id="run-1"' in html
+
+
+RUBRIC = {"correct": {"weight": 1.0, "higher_is_better": True}, "format": {"weight": 0.5, "higher_is_better": True},
+          "turns_used": {"weight": 0.0, "higher_is_better": False}}  # fmt: skip
+
+
+def game_rollouts(turns: list[float]) -> list[Rollout]:
+    """One rollout per example with a 0-1 reward and a turns_used metric on another scale."""
+    return [
+        Rollout(
+            i,
+            0,
+            0,
+            [{"role": "user", "content": f"game {i}"}],
+            [{"role": "assistant", "content": f"{t:g}"}],
+            reward=1.0 if t < 6 else 0.0,
+            metrics={"correct": 1.0 if t < 6 else 0.0, "turns_used": t},
+            stop_reason="won",
+        )
+        for i, t in enumerate(turns)
+    ]
+
+
+def test_weights_are_shown_beside_each_function(tmp_path: Path) -> None:
+    html = write_report([write_run(tmp_path / "a", make_rollouts(), rubric=RUBRIC)]).read_text()
+    summary = html.split('<table class="summary">', 1)[1].split("</table>", 1)[0]
+    assert '<code>correct</code> <small class="weight">×1</small>' in summary
+    assert '<code>format</code> <small class="weight">×0.5</small>' in summary
+    bars = html.split('aria-label="reward function means"', 1)[1].split("</svg>", 1)[0]
+    assert ">×0.5<" in bars and ">×1<" in bars
+
+
+def test_a_lower_is_better_metric_is_green_when_it_goes_down(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a", game_rollouts([8, 7, 8, 5]), rubric=RUBRIC)
+    b = write_run(tmp_path / "b", game_rollouts([4, 5, 3, 5]), model="model-b", rubric=RUBRIC)
+    html = write_report([a, b], tmp_path / "cmp.html").read_text()
+    rows = dict(re.findall(r'<tr class="cmp-row" data-name="([^"]+)" data-better="(\w+)"', html))
+    assert rows["turns_used"] == "lower" and rows["correct"] == "higher" and rows["reward mean"] == "higher"
+    turns = html.split('data-name="turns_used"', 1)[1].split("</tr>", 1)[0]
+    assert re.search(r'class="delta pos" data-delta="-2\.750000">-2\.750<', turns)  # fewer turns: better
+    assert "↓ lower is better" in turns
+    correct = html.split('data-name="correct" data-better', 1)[1].split("</tr>", 1)[0]
+    assert 'class="delta pos"' in correct  # more correct: better too
+
+
+def test_metrics_of_different_scales_get_their_own_axes(tmp_path: Path) -> None:
+    html = write_report([write_run(tmp_path / "a", game_rollouts([2, 8, 5]), rubric=RUBRIC)]).read_text()
+    axes = dict(re.findall(r'<g class="metric" data-name="([^"]+)" data-axis="([^"]+)"', html))
+    assert axes == {"correct": "0..1", "turns_used": "0..8"}
+    assert "8 (own scale)" in html
 
 
 def test_runs_of_different_envs_are_compared_without_deltas(tmp_path: Path) -> None:
@@ -344,3 +396,57 @@ def test_page_filters_and_expands_rollouts_in_chromium(run_a: Path, tmp_path: Pa
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     finally:
         driver.quit()
+
+
+def test_rollouts_preview_their_task_and_two_runs_compare_per_example_in_chromium(tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    a = write_run(tmp_path / "a", make_rollouts(), rubric=RUBRIC)
+    b = write_run(tmp_path / "b", make_rollouts(shift=0.1), model="model-b", rubric=RUBRIC)
+    page = write_report([a, b], tmp_path / "cmp.html")
+    means = []
+    for rollouts in (make_rollouts(), make_rollouts(shift=0.1)):
+        by_example: dict[int, list[float]] = {}
+        for r in rollouts:
+            if r.reward is not None:
+                by_example.setdefault(r.example_id, []).append(r.reward)
+        means.append({k: sum(v) / len(v) for k, v in by_example.items()})
+    differ = sum(abs(means[1][k] - means[0][k]) >= 5e-4 for k in means[0])
+    driver = chrome(tmp_path)
+    try:
+        driver.get(page.as_uri())
+        first = driver.find_element(By.CSS_SELECTOR, "#run-0 .browser .row .snippet")
+        assert first.text == "question 0"  # the task, not the reply or the environment's last message
+
+        pairs = driver.find_element(By.CSS_SELECTOR, "#comparison .pairs")
+        count = pairs.find_element(By.CLASS_NAME, "p-count")
+        assert count.text == "8 of 8 examples in both runs shown"
+        row = pairs.find_element(By.CSS_SELECTOR, ".row.pair")
+        assert row.find_element(By.CLASS_NAME, "snippet").text == "question 0"
+        row.find_element(By.CLASS_NAME, "row-head").click()
+        sides = row.find_elements(By.CLASS_NAME, "pair-side")
+        assert [s.find_element(By.CLASS_NAME, "pair-label").text for s in sides] == ["run 1", "run 2"]
+        for side in sides:  # the same example in both runs: its task and each run's own reply
+            texts = [t.text for t in side.find_elements(By.CSS_SELECTOR, ".msg .text")]
+            assert texts == ["You are terse.", "question 0", "answer 0"]
+        facts = [s.find_element(By.CLASS_NAME, "facts").text for s in sides]
+        assert "reward: 0.000" in facts[0] and "reward: 0.100" in facts[1]
+        pick = sides[1].find_element(By.CLASS_NAME, "p-rollout")
+        pick.find_elements(By.TAG_NAME, "option")[1].click()  # the example's other rollout
+        assert "answer 1" in sides[1].text
+
+        pairs.find_element(By.CLASS_NAME, "p-differ").click()
+        assert count.text == f"{differ} of 8 examples in both runs shown" and differ < 8
+        shot = tmp_path / "compare.png"
+        driver.execute_script("arguments[0].scrollIntoView()", pairs)
+        assert driver.save_screenshot(str(shot))
+    finally:
+        driver.quit()
+
+
+def test_a_run_of_all_examples_says_how_many_it_has(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "a", make_rollouts())
+    meta = json.loads((run / "metadata.json").read_text())
+    (run / "metadata.json").write_text(json.dumps({**meta, "num_examples": -1}))  # as the RL samples save it
+    html = write_report([run]).read_text()
+    assert "<dt>Examples</dt><dd>all (8) × 2 rollouts</dd>" in html and "-1 ×" not in html

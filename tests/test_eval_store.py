@@ -34,7 +34,7 @@ def test_metadata_round_trips_and_keeps_the_saved_layout() -> None:
     )
     assert (meta.env_id, meta.model, meta.status, meta.env_args) == ("toy", "m", "interrupted", {"k": 1})
     # the same JSON as before, keys in the same order, plus what later versions added
-    assert meta.to_dict() == {**OLD, "max_failures_in_a_row": 20, "summary": {}}
+    assert meta.to_dict() == {**OLD, "max_failures_in_a_row": 20, "rubric": {}, "summary": {}}
     assert [k for k in meta.to_dict() if k in OLD] == list(OLD)
     assert RunMetadata.from_dict(meta.to_dict()) == meta
 

@@ -9,13 +9,8 @@ import math
 import pytest
 from rich.console import Console
 
-from palaestra.eval.summary import (
-    pick_sample,
-    render_rollout,
-    render_summary,
-    summarize,
-    t_quantile_975,
-)
+from palaestra.eval.summary import pick_sample, summarize, t_quantile_975
+from palaestra.eval.summary_view import render_rollout, render_summary
 from palaestra.types import ErrorInfo, Rollout, Timing, Usage
 
 
@@ -141,7 +136,7 @@ def test_metrics_cover_every_name_even_when_some_rollouts_lack_it() -> None:
     ]
     metrics = summarize(rollouts, rollouts_per_example=3)["metrics"]
     assert list(metrics) == ["a", "b"]
-    assert metrics["a"] == {"mean": 1.0, "std": 0.0, "n": 1}
+    assert metrics["a"] == {"mean": 1.0, "std": 0.0, "n": 1, "min": 1.0, "max": 1.0}
     assert metrics["b"]["mean"] == pytest.approx(0.5)
     assert metrics["b"]["std"] == pytest.approx(0.5)
     assert metrics["b"]["n"] == 3

@@ -240,6 +240,7 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(
     assert "stale lock of process 999999" in caplog.text
     assert sorted(keys(run_dir)) == full(2, 2)
     assert pa.load_run(run_dir).metadata.status == "complete"
+    assert not (run_dir / "run.lock").exists()  # a finished run leaves no lock file
 
 
 # --- servers that die or hang -----------------------------------------------------------------

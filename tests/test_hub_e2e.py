@@ -487,7 +487,7 @@ def test_static_export_works_with_pip(
         status, body, _ = get(f"{static}env/{ECHO}/")
         page = body.decode()
         assert status == 200 and page == page_path.read_text(encoding="utf-8")
-        assert f"pip install --index-url {static}simple/ {ECHO}" in page
+        assert f"palaestra install {ECHO} --hub {static}" in page
         rows = leaderboard_rows(page)
         assert rows and rows[0][:3] == ["1", MODEL, "1.000"] and rows[0][4] == "8×1"
         links = report_links(page)

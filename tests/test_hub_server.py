@@ -233,7 +233,8 @@ async def test_pages_render_the_readme_inert_and_update_after_an_upload(hub, dis
     assert "<script" not in readme and "<img" not in readme and "href=" not in readme  # tags are text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in readme and "[click](javascript:alert(3))" in readme
     assert "<h1>Echo</h1>" in readme and "<td>2</td>" in readme  # the Markdown itself renders
-    assert f"pip install --index-url {url}simple/ palaestra-env-echo" in page
+    assert f"palaestra install palaestra-env-echo --hub {url}" in page
+    assert f"uv pip install --extra-index-url {url}simple/ palaestra-env-echo" in page
     assert "<code>num_examples</code>" in page  # eval defaults, read from the sdist's pyproject.toml
     assert (await get(f"{url}?q=nothing-matches"))[1].count(b'class="card"') == 1
     assert b'hidden><h2><a href="env/palaestra-env-echo/"' in (await get(f"{url}?q=nothing-matches"))[1]
@@ -425,5 +426,5 @@ async def test_a_page_is_rendered_once_whatever_host_it_is_asked_for(hub, dists,
             session.get(f"{url}env/palaestra-env-echo/", headers={"Host": host}) as r,
         ):
             page = await r.text()
-        assert f"--index-url {html.escape(f'http://{host}/')}simple/" in page and "<script>x" not in page
+        assert f"--hub {html.escape(f'http://{host}/')}" in page and "<script>x" not in page
     assert rendered == [1]  # a README is rendered once, not once per Host header

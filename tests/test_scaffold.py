@@ -61,8 +61,23 @@ async def test_a_tool_environment_is_generated_with_its_tool(
     assert isinstance(env, pa.ToolEnv) and [t["function"]["name"] for t in env.tools] == ["country_facts"]
     readme = (root / "README.md").read_text()
     assert "`palaestra init country-tools --kind tool`" in readme and "| `max_turns` |" in readme
-    with pytest.raises(ValueError, match="unknown kind 'chat': choose one of single, tool"):
+    with pytest.raises(ValueError, match="unknown kind 'chat': choose one of single, multiturn, tool"):
         create_environment("other", tmp_path, "chat")
+
+
+async def test_a_multiturn_environment_is_a_game_a_perfect_player_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = create_environment("guess-game", tmp_path, "multiturn")
+    module = import_from(root / "guess_game.py", monkeypatch)
+    env = module.load_environment(num_examples=4)
+    assert isinstance(env, pa.MultiTurnEnv) and type(env).__name__ == "GuessGameEnv"
+    assert env.metric_info()["turns_used"] == {"weight": 0.0, "higher_is_better": False}
+    rollouts = await env.run(pa.ScriptedClient(module.bisect), pa.RunSpec(rollouts_per_example=2))
+    assert len(rollouts) == 8 and all(r.reward == 1.0 and r.stop_reason == "won" for r in rollouts)
+    assert len({r.state["secret"] for r in rollouts}) > 1  # each game its own number, from state.rng
+    readme = (root / "README.md").read_text()
+    assert "`palaestra init guess-game --kind multiturn`" in readme and "palaestra play guess_game" in readme
 
 
 def test_names_with_hyphens_become_modules_with_underscores() -> None:
@@ -99,10 +114,12 @@ def test_generated_test_passes_as_generated_and_fails_when_the_reward_breaks(
     test_file = root / "tests" / "test_capitals_quiz_env.py"
     result = run_pytest(test_file)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 passed" in result.stdout
+    assert f"{3 if kind == 'multiturn' else 2} passed" in result.stdout
 
     module = root / "capitals_quiz.py"
-    module.write_text(module.read_text().replace("return 1.0 if parsed", "return 0.0 if parsed"))
+    reward = 'return 1.0 if state["won"]' if kind == "multiturn" else "return 1.0 if parsed"
+    assert reward in module.read_text()
+    module.write_text(module.read_text().replace(reward, reward.replace("1.0", "0.0")))
     broken = run_pytest(test_file)
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "1 failed" in broken.stdout

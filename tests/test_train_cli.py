@@ -130,7 +130,7 @@ def test_train_resume_eval_and_curves(
 
     code, _, _ = run_cli(capsys, "train", "curves", run_dir, "-o", tmp_path / "c.html")
     page = (tmp_path / "c.html").read_text()
-    assert code == 0 and page.count("<svg") == 4 and "training loss" in page
+    assert code == 0 and page.count("<svg") == 4 and "SFT: what it learns" in page
     code, _, err = run_cli(capsys, "train", "curves", tmp_path / "nothing")
     assert code == 2 and "no metrics.jsonl" in err
 

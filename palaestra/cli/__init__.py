@@ -86,12 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("-o", "--output", type=Path, default=None, help="the HTML file to write")
     report.set_defaults(func=cmd_report)
 
-    play = sub.add_parser("play", help="play an environment yourself against a model, in the terminal")
-    play.add_argument("env", help="environment name (one with an interactive mode, e.g. tictactoe)")
+    play = sub.add_parser(
+        "play",
+        help="play an environment yourself in the terminal: you are the model (tictactoe: against one)",
+    )
+    play.add_argument("env", help="environment name")
     play.add_argument("-a", "--env-args", default="{}", help="JSON object passed to load_environment")
     add_client_arguments(play, model_required=False)
     play.add_argument("--show-thinking", action="store_true", help="print the model's <think> text")
     play.add_argument("--seed", type=int, default=0)
+    play.add_argument("--example", type=int, default=None, help="which example to play (default: seed's)")
     play.set_defaults(func=cmd_play)
 
     serve = sub.add_parser("serve", help="serve a local model over an OpenAI-compatible HTTP API")
@@ -122,9 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--path", type=Path, default=Path("environments"), help="parent folder")
     init.add_argument(
         "--kind",
-        choices=("single", "tool"),
+        choices=("single", "multiturn", "tool"),
         default="single",
-        help="single: one reply; tool: a ToolEnv with a tool",
+        help="single: one reply; multiturn: a MultiTurnEnv game; tool: a ToolEnv with a tool",
     )
     init.set_defaults(func=cmd_init)
 
@@ -151,8 +155,19 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_play(args: argparse.Namespace) -> int:
     env = pa.load_environment(args.env, **parse_json_object(args.env_args, "-a"))
     play = getattr(env, "play_interactive", None)
-    if play is None:
-        raise UsageError(f"environment {args.env!r} has no interactive mode")
+    if play is None:  # you are the model
+        from palaestra.play import play_as_model
+
+        if args.model is not None or args.base_url is not None:
+            raise UsageError(
+                f"environment {args.env!r} has no two-player mode: you play the model, so -m and -b are not used"
+            )
+        try:
+            return run_async(
+                play_as_model(env, console=Console(), ask=input, seed=args.seed, example=args.example)
+            )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     client = make_client(ClientOptions.from_args(args, args.model or DEFAULT_MODEL), 1)
     sampling = make_sampling(env.sampling, args)
 

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -103,6 +104,33 @@ def is_local_model(model: str) -> bool:
     )
 
 
+def load_policy(module_name: str, func_name: str, model: str) -> Any:
+    """The function ``module_name:func_name``; a ``MODULE.py`` in the current folder is found as
+    ``python -m`` would find it (the current folder first), without ``PYTHONPATH=.``."""
+    here = str(Path.cwd())
+    local = (Path.cwd() / (module_name.split(".")[0] + ".py")).is_file() or (
+        Path.cwd() / module_name.split(".")[0] / "__init__.py"
+    ).is_file()
+    if local and here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = (
+            ""
+            if local
+            else f"; a policy in a file needs it here as {module_name.split('.')[0]}.py, or its folder on PYTHONPATH"
+        )
+        raise UsageError(f"-m {model}: cannot import {module_name} ({exc}){hint}") from None
+    policy = getattr(module, func_name, None)
+    if not callable(policy):
+        found = ", ".join(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
+        raise UsageError(
+            f"-m {model}: {module_name} has no function {func_name!r} (it has: {found or 'none'})"
+        )
+    return policy
+
+
 def make_client(options: ClientOptions, max_concurrent: int = 32) -> pa.ModelClient:
     """``scripted:MODULE:FUNCTION`` → ScriptedClient; with ``-b`` → OpenAIClient at that endpoint;
     ``smollm2``, ``local:PATH_OR_HUB_ID`` or an existing path → LocalClient (loaded here); anything
@@ -113,11 +141,7 @@ def make_client(options: ClientOptions, max_concurrent: int = 32) -> pa.ModelCli
         module_name, _, func_name = target.partition(":")
         if not module_name or not func_name:
             raise UsageError(f"-m {model}: expected scripted:MODULE:FUNCTION")
-        try:
-            policy = getattr(importlib.import_module(module_name), func_name)
-        except (ImportError, AttributeError) as exc:
-            raise UsageError(f"-m {model}: cannot load {target} ({exc})") from None
-        return pa.ScriptedClient(policy, model=model)
+        return pa.ScriptedClient(load_policy(module_name, func_name, model), model=model)
     if options.base_url is None and is_local_model(model):
         return load_local(model.removeprefix(LOCAL_PREFIX), max_batch_size=max_concurrent)
     try:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import signal
+import sys
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,7 +36,8 @@ from palaestra.cli.common import (
 )
 from palaestra.eval.run import evaluate, resume_plan
 from palaestra.eval.store import EvalRun, RunStore
-from palaestra.eval.summary import pick_sample, render_rollout, render_summary
+from palaestra.eval.summary import pick_sample
+from palaestra.eval.summary_view import render_rollout, render_summary
 from palaestra.registry import eval_defaults
 from palaestra.runner import run_async
 from palaestra.types import RunSpec
@@ -91,6 +94,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         spec = spec.replace(sampling=make_sampling(env.sampling, args))
     if args.resume is not None:
         _say_what_resume_does(console, args.resume, env, spec)
+    _warn_of_training_overlap(settings.client.model, env, spec)
     client = make_client(settings.client, spec.max_concurrent)
     started: list[Path] = [args.resume] if args.resume is not None else []
 
@@ -122,9 +126,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         run = run_async(go())
     except (KeyboardInterrupt, asyncio.CancelledError):
-        raise KeyboardInterrupt(f"interrupted{_resume_hint(started)}") from None
+        raise KeyboardInterrupt(f"interrupted{_resume_hint(started, settings.client.model)}") from None
     except pa.ModelUnavailable as exc:
-        raise Stopped(f"{exc}{_resume_hint(started)}") from None
+        raise Stopped(f"{exc}{_resume_hint(started, settings.client.model)}") from None
     title = f"{settings.env_id} · {settings.client.model} · {run.metadata.counts['saved']} rollouts"
     render_summary(console, run.summary, title=title)
     sample = pick_sample(run.rollouts)
@@ -144,8 +148,33 @@ class Stopped(Exception):
     """The run stopped early for a reason outside the user's input (a server that went away)."""
 
 
-def _resume_hint(started: list[Path]) -> str:
-    return f"; resume with: palaestra eval --resume {started[0]}" if started else ""
+def _warn_of_training_overlap(model: str, env: pa.Environment, spec: RunSpec) -> None:
+    """A warning when the examples to run were prompts of the SFT run that made ``model``."""
+    from palaestra.train.overlap import overlapping, train_prompts_for
+
+    if model.startswith(SCRIPTED_PREFIX):
+        return
+    found = train_prompts_for(model.removeprefix("local:"))
+    if found is None:
+        return
+    run_dir, trained = found
+    examples = env.select(spec.num_examples)
+    shared = overlapping([e.prompt for e in examples], trained)
+    if shared:
+        print(
+            f"palaestra: warning: {shared} of the {len(examples)} examples to run were prompts of the SFT "
+            f"data of {model} ({run_dir}): the evaluation overlaps the training data; give the "
+            "environment another seed or split (-a)",
+            file=sys.stderr,
+        )
+
+
+def _resume_hint(started: list[Path], model: str) -> str:
+    """How to resume: a scripted run must name its policy again (a saved file never names code to run)."""
+    if not started:
+        return ""
+    again = f" -m {shlex.quote(model)}" if model.startswith(SCRIPTED_PREFIX) else ""
+    return f"; resume with: palaestra eval --resume {shlex.quote(str(started[0]))}{again}"
 
 
 def _fresh_settings(args: argparse.Namespace) -> Settings:

@@ -64,6 +64,11 @@ def add_hub_parser(sub: Any) -> None:
     results.add_argument(
         "--no-report", action="store_true", help="send the summary only, not the HTML report"
     )
+    results.add_argument(
+        "--model-name",
+        default=None,
+        help="the name the board shows (default: -m, or local:RUN/step-N for a checkpoint)",
+    )
     results.set_defaults(func=cmd_results)
 
     yank = cmds.add_parser("yank", help="yank a release (pip then skips it unless pinned); --undo to restore")
@@ -151,7 +156,9 @@ def cmd_results(args: argparse.Namespace) -> int:
     from palaestra.runner import run_async
 
     url, token = hub_url(args.hub), hub_token(args.token_var)
-    done = run_async(attach_results(url, token, args.run_dir, with_report=not args.no_report))
+    done = run_async(
+        attach_results(url, token, args.run_dir, with_report=not args.no_report, model_name=args.model_name)
+    )
     print(f"attached to {done['project']}: {done['url']}")
     return 0
 

@@ -8,6 +8,11 @@ Two transports speak the same protocol:
 
 Transient failures (connection errors, 429, 5xx, timeouts) are retried with exponential backoff
 and jitter up to ``max_retries`` times, then raised; the engine records them on the rollout.
+
+Token ids and logprobs (what training on the replies needs) are asked for with ``token_ids``:
+``True`` always (``return_token_ids`` and ``logprobs``, as vLLM and ``palaestra serve`` take
+them), ``False`` never, ``None`` (the default) when ``check()`` found a server known to give them
+(one whose ``/models`` says it is ``palaestra`` or ``vllm``); OpenAI's own API refuses the field.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from palaestra.clients.base import (
 from palaestra.types import Messages, ModelResponse, Sampling, Usage
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+TOKEN_ID_SERVERS = {"palaestra", "vllm"}  # /models owned_by values of servers that return token ids
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content")
 
@@ -65,10 +71,14 @@ class OpenAIClient:
         send_seed: bool = True,
         headers: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
+        token_ids: bool | None = None,
     ) -> None:
         if transport not in ("aiohttp", "openai"):
             raise ClientConfigError(f"transport must be 'aiohttp' or 'openai', not {transport!r}")
         self.model = model
+        self.token_ids = token_ids  # None: ask when check() finds a server that gives them
+        self.completion_tokens = 0  # of every reply so far: what a progress bar shows live
+        self._asks_token_ids = bool(token_ids)
         self.base_url = check_base_url(base_url)
         self.api_key_var = api_key_var
         if not timeout > 0 or max_retries < 0:
@@ -106,7 +116,9 @@ class OpenAIClient:
         attempt = 0
         while True:
             try:
-                return parse_completion(await send(body))
+                response = parse_completion(await send(body))
+                self.completion_tokens += response.usage.completion_tokens
+                return response
             except TransientModelError as exc:
                 if attempt >= self.max_retries:
                     raise
@@ -125,9 +137,11 @@ class OpenAIClient:
                 body[key] = value
         if self.send_seed and sampling.seed is not None:
             body["seed"] = sampling.seed
-        if sampling.logprobs:
+        if sampling.logprobs or self._asks_token_ids:
             body["logprobs"] = True
         body.update(self.extra_body)
+        if self._asks_token_ids:
+            body["return_token_ids"] = True
         body.update(sampling.extra)
         return body
 
@@ -204,7 +218,8 @@ class OpenAIClient:
     async def check(self, timeout: float = 10.0) -> None:
         """Fail fast before a run: ``ModelConnectionError`` if the server cannot be reached or does
         not answer within ``timeout``, ``ModelHTTPError`` if it rejects the API key or does not
-        list this model among the ones it serves. Servers without ``/models`` pass."""
+        list this model among the ones it serves. Servers without ``/models`` pass. A server that
+        lists itself as ``palaestra`` or ``vllm`` is asked for token ids from then on (``token_ids=None``)."""
         url = self.base_url + "/models"
         timeout = min(timeout, self.timeout)
         try:
@@ -222,9 +237,12 @@ class OpenAIClient:
         if status != 200:
             return  # no model list here (or not at this path): the first requests will tell
         try:
-            listed = [m["id"] for m in orjson.loads(raw)["data"] if isinstance(m, dict)]
+            entries = [m for m in orjson.loads(raw)["data"] if isinstance(m, dict)]
+            listed = [m["id"] for m in entries]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return
+        if self.token_ids is None and any(m.get("owned_by") in TOKEN_ID_SERVERS for m in entries):
+            self._asks_token_ids = True
         if listed and self.model not in listed:
             shown = ", ".join(listed[:20]) + (f" and {len(listed) - 20} more" if len(listed) > 20 else "")
             raise ModelHTTPError(

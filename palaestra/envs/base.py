@@ -165,6 +165,22 @@ class Environment:
         """The metrics a scored rollout of this environment carries (an ``EnvGroup`` fills the others')."""
         return list(self.rubric.names)
 
+    def metric_info(self) -> dict[str, dict[str, Any]]:
+        """Each metric's weight in the reward and direction (``higher_is_better``), by name."""
+        describe = getattr(self.rubric, "describe", None)
+        if callable(describe):
+            return dict(describe())
+        # a rubric of another shape (verifiers' own, through palaestra.compat): its functions and weights
+        funcs, weights = getattr(self.rubric, "funcs", []), getattr(self.rubric, "weights", [])
+        return {
+            getattr(f, "__name__", str(f)): {"weight": float(w), "higher_is_better": True}
+            for f, w in zip(funcs, weights, strict=False)
+        }
+
+    def env_pass_thresholds(self) -> dict[str, float] | None:
+        """For a mixture of environments (``EnvGroup``): each one's ``pass_threshold``; ``None`` otherwise."""
+        return None
+
     def env_metric_names(self) -> dict[str, list[str]] | None:
         """For a mixture of environments (``EnvGroup``): each one's own metrics; ``None`` otherwise."""
         return None

@@ -140,6 +140,18 @@ class EnvGroup(Environment):
     def metric_names(self) -> list[str]:
         return sorted({n for env in self.envs.values() for n in env.metric_names()})
 
+    def metric_info(self) -> dict[str, dict[str, Any]]:
+        """Every environment's metrics; a name two of them share keeps the first's weight and direction."""
+        out: dict[str, dict[str, Any]] = {}
+        for env in self.envs.values():
+            for name, info in env.metric_info().items():
+                out.setdefault(name, info)
+        return dict(sorted(out.items()))
+
+    def env_pass_thresholds(self) -> dict[str, float] | None:
+        """Each environment's own pass threshold: its rollouts pass or fail by it."""
+        return {name: env.pass_threshold for name, env in self.envs.items()}
+
     def env_metric_names(self) -> dict[str, list[str]] | None:
         """Each environment's own metrics, for per-environment summaries."""
         return {name: env.metric_names() for name, env in self.envs.items()}

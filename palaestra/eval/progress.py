@@ -3,6 +3,11 @@
 Both show rollouts done/total, the running mean reward, the error count and completion tokens/s.
 Plain lines come at most every 5 s as rollouts finish, and at least every ``HEARTBEAT`` seconds
 even when none does (a slow model on a busy machine must not look like a hung one).
+
+Tokens/s is live where the client counts tokens as it goes (``token_counter``): a ``LocalClient``
+counts every token as it is generated, an ``OpenAIClient`` every reply as it arrives; the bar
+refreshes it every second, so a long first reply does not read "0 tok/s" until its rollout ends.
+Other clients' tokens are counted as their rollouts finish.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ import asyncio
 import contextlib
 import sys
 import time
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -19,13 +25,30 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from palaestra.types import Rollout
 
 HEARTBEAT = 30.0
+REFRESH = 1.0  # seconds between the bar's refreshes of a live token count
+
+
+def token_counter(client: Any) -> Callable[[], int] | None:
+    """A function returning the completion tokens ``client`` has produced so far, where it counts them."""
+    stats: Any = getattr(client, "stats", None)
+    if isinstance(getattr(stats, "tokens", None), int):  # LocalClient: every generated token
+        return lambda: int(stats.tokens)
+    if isinstance(getattr(client, "completion_tokens", None), int):  # OpenAIClient: every reply
+        return lambda: int(client.completion_tokens)
+    return None
 
 
 class EvalProgress:
     """Call ``update`` with each finished rollout; use as a context manager."""
 
     def __init__(
-        self, total: int, *, done: int = 0, plain: bool | None = None, file: TextIO | None = None
+        self,
+        total: int,
+        *,
+        done: int = 0,
+        plain: bool | None = None,
+        file: TextIO | None = None,
+        live_tokens: Callable[[], int] | None = None,
     ) -> None:
         self.total = total
         self.done = done
@@ -33,12 +56,15 @@ class EvalProgress:
         self.reward_sum = 0.0
         self.rewarded = 0
         self.tokens = 0
+        self.live_tokens = live_tokens
+        self._tokens_before = live_tokens() if live_tokens is not None else 0  # a reused client's count
         self.file = file or sys.stderr
         self.plain = plain if plain is not None else not self.file.isatty()
         self._start = time.monotonic()
         self._last_line = 0.0
         self._printed = done
         self._heartbeat: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
         self._bar: Progress | None = None
         self._task: TaskID | None = None
 
@@ -58,11 +84,15 @@ class EvalProgress:
             )
             self._bar.__enter__()
             self._task = self._bar.add_task("eval", total=self.total, completed=self.done, stats=self.stats())
+            if self.live_tokens is not None:
+                with contextlib.suppress(RuntimeError):
+                    self._ticker = asyncio.get_running_loop().create_task(self._tick())
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
+        for task in (self._heartbeat, self._ticker):
+            if task is not None:
+                task.cancel()
         if self._bar is not None:
             self._bar.__exit__(None, None, None)
         elif self._printed != self.done:  # the last count has not been printed yet
@@ -71,7 +101,19 @@ class EvalProgress:
     def stats(self) -> str:
         mean = f"{self.reward_sum / self.rewarded:.3f}" if self.rewarded else "-"
         elapsed = max(time.monotonic() - self._start, 1e-9)
-        return f"reward {mean}  errors {self.errors}  {self.tokens / elapsed:,.0f} tok/s"
+        return f"reward {mean}  errors {self.errors}  {self.generated() / elapsed:,.0f} tok/s"
+
+    def generated(self) -> int:
+        """Completion tokens produced in this run so far: live where the client counts them."""
+        if self.live_tokens is not None:
+            return self.live_tokens() - self._tokens_before
+        return self.tokens
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH)
+            if self._bar is not None and self._task is not None:
+                self._bar.update(self._task, stats=self.stats())
 
     def update(self, rollout: Rollout) -> None:
         self.done += 1

@@ -8,9 +8,6 @@ so a run of a few thousand rollouts stays quick to open.
 
 from __future__ import annotations
 
-import html
-import json
-import math
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -19,6 +16,12 @@ from typing import Any
 
 import orjson
 
+from palaestra.eval.report_charts import histogram_svg, metric_bars_svg
+from palaestra.eval.report_compare import comparison, run_label
+from palaestra.eval.report_format import esc as _e
+from palaestra.eval.report_format import kv as _kv
+from palaestra.eval.report_format import num as _num
+from palaestra.eval.report_format import weight_note
 from palaestra.eval.store import RESULTS, EvalRun, load_run
 from palaestra.types import Rollout
 
@@ -54,14 +57,17 @@ def render_report(runs: Sequence[EvalRun]) -> str:
     title = " vs ".join(f"{r.metadata.env_id} · {r.metadata.model}" for r in runs)
     nav = ""
     if len(runs) > 1:
-        links = "".join(f'<a href="#run-{i}">{_e(_run_label(r, i))}</a>' for i, r in enumerate(runs))
+        links = "".join(f'<a href="#run-{i}">{_e(run_label(r, i))}</a>' for i, r in enumerate(runs))
         nav = f'<nav class="runs-nav"><a href="#comparison">Comparison</a>{links}</nav>'
     body = (
         nav
-        + (_comparison(runs) if len(runs) > 1 else "")
+        + (comparison(runs) if len(runs) > 1 else "")
         + "".join(_run_section(r, i) for i, r in enumerate(runs))
     )
-    data = {"runs": [[_record(x) for x in r.rollouts] for r in runs]}
+    data = {
+        "runs": [[_record(x) for x in r.rollouts] for r in runs],
+        "rubric": [r.metadata.rubric for r in runs],
+    }
     return _fill(
         "page.html",
         title=_e(f"Palaestra report: {title}"),
@@ -91,10 +97,6 @@ def _script_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _run_label(run: EvalRun, i: int) -> str:
-    return f"{i + 1}. {run.metadata.model}"
-
-
 def _run_section(run: EvalRun, i: int) -> str:
     md, s = run.metadata, run.summary
     heading = f"{md.env_id} · {md.model}"
@@ -106,12 +108,12 @@ def _run_section(run: EvalRun, i: int) -> str:
             f"(line {lines}); the run was probably stopped mid-write.</p>"
         )
     charts = (
-        f'<div class="card"><h3>Reward distribution</h3>{_histogram_svg(s.get("histogram"))}</div>'
-        f'<div class="card"><h3>Reward functions (mean)</h3>{_metric_bars_svg(s.get("metrics") or {})}</div>'
+        f'<div class="card"><h3>Reward distribution</h3>{histogram_svg(s.get("histogram"))}</div>'
+        f'<div class="card"><h3>Reward functions (mean)</h3>{metric_bars_svg(s.get("metrics") or {}, md.rubric)}</div>'
     )
     return (
         f'<section class="run" id="run-{i}"><h2>{_e(heading)}</h2>{notice}{_header(run)}'
-        f'<div class="grid2"><div class="card"><h3>Summary</h3>{_summary_table(s)}</div>'
+        f'<div class="grid2"><div class="card"><h3>Summary</h3>{_summary_table(s, md.rubric)}</div>'
         f'<div class="card">{_stops_errors(s)}</div></div>{_by_env(s)}<div class="grid2">{charts}</div>'
         f"{_fill('browser.html', run=str(i), total=str(len(run.rollouts)))}</section>"
     )
@@ -129,7 +131,7 @@ def _header(run: EvalRun) -> str:
         ("Run id", f"<code>{_e(md.get('run_id'))}</code>"),
         ("Status", f'<span class="status status-{status_cls}">{_e(status)}</span>'),
         ("Rollouts", _e(" · ".join(f"{k} {v}" for k, v in counts.items()) or str(len(run.rollouts)))),
-        ("Examples", _e(f"{md.get('num_examples', '—')} × {md.get('rollouts_per_example', '—')} rollouts")),
+        ("Examples", _e(f"{_examples(md, run.summary)} × {md.get('rollouts_per_example', '—')} rollouts")),
         ("Started", _e(started or "—")),
         ("Finished", _e(finished or "—") + _duration(started, finished)),
         ("Seed", _e(md.get("seed", "—"))),
@@ -140,6 +142,15 @@ def _header(run: EvalRun) -> str:
         ("Directory", f"<code>{_e(run.path)}</code>"),
     ]
     return '<dl class="meta">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+
+
+def _examples(md: dict[str, Any], summary: dict[str, Any]) -> str:
+    """How many examples the run has: the spec's count, or for "all" (-1) the count the run holds."""
+    n = md.get("num_examples")
+    if isinstance(n, int) and n >= 0:
+        return str(n)
+    held = summary.get("n_examples")
+    return f"all ({held})" if isinstance(held, int) else "all"
 
 
 def _duration(start: Any, end: Any) -> str:
@@ -171,7 +182,7 @@ def _by_env(s: dict[str, Any]) -> str:
     return f'<div class="card"><h3>Per environment</h3><table class="summary by-env">{head}{"".join(rows)}</table></div>'
 
 
-def _summary_table(s: dict[str, Any]) -> str:
+def _summary_table(s: dict[str, Any], rubric: dict[str, Any]) -> str:
     reward = s.get("reward") or {}
     ci = reward.get("ci95")
     rows = [
@@ -182,7 +193,7 @@ def _summary_table(s: dict[str, Any]) -> str:
         ("Scored", _num(reward.get("n"))),
     ]
     rows += [
-        (f"<code>{_e(n)}</code>", f"{_num(m.get('mean'))} ± {_num(m.get('std'))}")
+        (f"<code>{_e(n)}</code>{weight_note(rubric.get(n))}", f"{_num(m.get('mean'))} ± {_num(m.get('std'))}")
         for n, m in (s.get("metrics") or {}).items()
     ]
     threshold = s.get("pass_threshold")
@@ -222,149 +233,3 @@ def _stops_errors(s: dict[str, Any]) -> str:
         out
         + f'<table class="errors"><tr><th>type</th><th>stage</th><th>count</th><th>example</th></tr>{rows}</table>'
     )
-
-
-def _comparison(runs: Sequence[EvalRun]) -> str:
-    envs = [r.metadata.env_id for r in runs]
-    same_env = len(set(envs)) == 1
-    metric_names = list(dict.fromkeys(n for r in runs for n in (r.summary.get("metrics") or {})))
-    ks = sorted({k for r in runs for k in (r.summary.get("pass_at_k") or {})}, key=lambda k: (len(k), k))
-    rows: list[tuple[str, list[float | None]]] = [("reward mean", [_get(r, "reward", "mean") for r in runs])]
-    rows += [(n, [_get(r, "metrics", n, "mean") for r in runs]) for n in metric_names]
-    rows += [(f"pass@{k}", [_get(r, "pass_at_k", k) for r in runs]) for k in ks]
-    head = "".join(f"<th>{_e(_run_label(r, i))}</th>" for i, r in enumerate(runs))
-    cis = [(r.summary.get("reward") or {}).get("ci95") for r in runs]
-    body = "".join(
-        f"<tr><th>{label}</th>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
-        for label, cells in (
-            ("model", [_e(r.metadata.model) for r in runs]),
-            ("environment", [f"<code>{_e(e)}</code>" for e in envs]),
-            ("rollouts", [_num(r.summary.get("n_rollouts")) for r in runs]),
-        )
-    )
-    ci_cells = "".join(f"<td>[{_num(ci[0])}, {_num(ci[1])}]</td>" if ci else "<td>—</td>" for ci in cis)
-    for n, (name, values) in enumerate(rows):
-        cells = ""
-        for i, v in enumerate(values):
-            delta = ""
-            if same_env and i > 0 and v is not None and values[0] is not None:
-                d = v - values[0]
-                sign, cls = ("+", "pos") if d > 5e-4 else ("-", "neg") if d < -5e-4 else ("±", "zero")
-                delta = f' <span class="delta {cls}" data-delta="{d:.6f}">{sign}{abs(d):.3f}</span>'
-            cells += f"<td>{_num(v)}{delta}</td>"
-        label = _e(name) if n == 0 or name.startswith("pass@") else f"<code>{_e(name)}</code>"
-        body += f'<tr class="cmp-row" data-name="{_e(name)}"><th>{label}</th>{cells}</tr>'
-        if n == 0:
-            body += f"<tr><th>reward 95% CI</th>{ci_cells}</tr>"
-    listed = ", ".join(_e(e) for e in dict.fromkeys(envs))
-    note = f"The runs use different environments ({listed}): shown side by side; deltas are not computed."
-    note = "Deltas are against run 1 (same environment)." if same_env else note
-    return (
-        f'<section id="comparison"><h2>Comparison</h2><p class="muted cmp-note">{note}</p>'
-        f'<div class="card"><table class="compare"><tr><th></th>{head}</tr>{body}</table></div></section>'
-    )
-
-
-# ---------------------------------------------------------------- charts
-
-
-def _histogram_svg(hist: dict[str, Any] | None) -> str:
-    """Reward histogram as an SVG bar chart (10 bins, counts above bars)."""
-    if not hist or not hist.get("counts") or not any(hist["counts"]) or len(hist.get("edges") or []) < 2:
-        return '<p class="muted">No scored rollouts.</p>'
-    counts, edges = hist["counts"], hist["edges"]
-    w, h, left, bottom, top = 460, 190, 34, 26, 16
-    bw = (w - left - 8) / len(counts)
-    peak = max(counts)
-    parts = [f'<line x1="{left}" y1="{h - bottom}" x2="{w - 4}" y2="{h - bottom}" class="axis"/>']
-    for i, c in enumerate(counts):
-        bh = (h - bottom - top) * c / peak
-        x, y = left + i * bw, h - bottom - bh
-        label = f"[{_num(edges[i])}, {_num(edges[i + 1])}): {c}"
-        parts.append(
-            f'<rect class="bar" x="{x + 1:.1f}" y="{y:.1f}" width="{bw - 2:.1f}" height="{bh:.1f}"><title>{label}</title></rect>'
-            + (
-                f'<text x="{x + bw / 2:.1f}" y="{y - 3:.1f}" class="lbl" text-anchor="middle">{c}</text>'
-                if c
-                else ""
-            )
-        )
-    for i in range(0, len(edges), 2 if len(edges) > 6 else 1):
-        tick = f"{edges[i]:g}" if isinstance(edges[i], (int, float)) else _e(edges[i])
-        parts.append(
-            f'<text x="{left + i * bw:.1f}" y="{h - 8}" class="tick" text-anchor="middle">{tick}</text>'
-        )
-    parts.append(f'<text x="{left - 6}" y="{top + 4}" class="tick" text-anchor="end">{peak}</text>')
-    return _svg(w, h, "reward histogram", "".join(parts))
-
-
-def _metric_bars_svg(metrics: dict[str, Any]) -> str:
-    """Horizontal bars of each reward function's mean; negative means extend left of zero."""
-    items: list[tuple[str, float]] = [
-        (str(n), float(m["mean"]))
-        for n, m in metrics.items()
-        if isinstance(m, dict) and _is_number(m.get("mean"))
-    ]
-    if not items:
-        return '<p class="muted">No reward functions recorded.</p>'
-    lo = min(0.0, *(v for _, v in items))
-    hi = max(1.0 if lo == 0 and all(v <= 1 for _, v in items) else 0.0, *(v for _, v in items))
-    span = (hi - lo) or 1.0
-    w, row, label_w, value_w = 460, 26, 150, 54
-    plot = w - label_w - value_w
-    h = row * len(items) + 8
-    zero = label_w + plot * (0 - lo) / span
-    parts = [f'<line x1="{zero:.1f}" y1="2" x2="{zero:.1f}" y2="{h - 4}" class="axis"/>']
-    for i, (name, v) in enumerate(items):
-        y = 4 + i * row
-        x0, x1 = sorted((zero, label_w + plot * (v - lo) / span))
-        cls, short = "bar neg" if v < 0 else "bar", name if len(name) <= 22 else name[:21] + "…"
-        parts.append(
-            f'<text x="{label_w - 8}" y="{y + 15}" class="lbl" text-anchor="end">{_e(short)}<title>{_e(name)}</title></text>'
-            f'<rect x="{label_w}" y="{y + 3}" width="{plot}" height="{row - 10}" class="track"/>'
-            f'<rect x="{x0:.1f}" y="{y + 3}" width="{max(x1 - x0, 1):.1f}" height="{row - 10}" class="{cls}"/>'
-            f'<text x="{w - value_w + 6}" y="{y + 15}" class="lbl">{_num(v)}</text>'
-        )
-    return _svg(w, h, "reward function means", "".join(parts))
-
-
-def _svg(w: int, h: int, label: str, inner: str) -> str:
-    return f'<svg class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{label}">{inner}</svg>'
-
-
-# ---------------------------------------------------------------- formatting
-
-
-def _e(value: Any) -> str:
-    """HTML-escaped text; ``None`` as a dash."""
-    return "—" if value is None else html.escape(str(value), quote=True)
-
-
-def _num(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return _e(value)
-    return str(value) if isinstance(value, int) else f"{value:.3f}"
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _kv(d: dict[str, Any]) -> str:
-    if not d:
-        return "—"
-    items = (
-        f"<code>{_e(k)}={_e(v if isinstance(v, str) else json.dumps(v))}</code>"
-        for k, v in d.items()
-        if v is not None
-    )
-    return " ".join(items) or "—"
-
-
-def _get(run: EvalRun, *keys: str) -> float | None:
-    value: Any = run.summary
-    for k in keys:
-        value = value.get(k) if isinstance(value, dict) else None
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None

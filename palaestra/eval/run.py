@@ -30,7 +30,7 @@ import palaestra
 from palaestra.clients.base import ModelClient
 from palaestra.engine import stream_groups
 from palaestra.envs.base import Environment
-from palaestra.eval.progress import EvalProgress
+from palaestra.eval.progress import EvalProgress, token_counter
 from palaestra.eval.store import EvalRun, RunMetadata, RunStore, RunStoreError, load_run
 from palaestra.eval.summary import summarize
 from palaestra.types import Example, Rollout, RunSpec
@@ -119,7 +119,8 @@ async def _run(
     rollouts = list(kept)
     bar = None
     if progress is not False:  # True: a bar where stderr is a terminal; None: plain lines
-        bar = EvalProgress(len(examples) * r, done=len(kept), plain=None if progress else True)
+        bar = EvalProgress(len(examples) * r, done=len(kept), plain=None if progress else True,
+                           live_tokens=token_counter(client))  # fmt: skip
     status = "interrupted"
     try:
         groups = stream_groups(env, client, todo, spec)
@@ -144,7 +145,8 @@ async def _run(
             "errors": sum(x.error is not None for x in rollouts),
         }
         metadata.summary = summarize(rollouts, rollouts_per_example=r, pass_threshold=metadata.pass_threshold,
-                                     env_metrics=env.env_metric_names())  # fmt: skip
+                                     env_metrics=env.env_metric_names(),
+                                     env_thresholds=env.env_pass_thresholds())  # fmt: skip
         if store is not None:
             store.write_metadata(metadata)
     return EvalRun(path=store.path if store else None, metadata=metadata, rollouts=rollouts)
@@ -199,6 +201,7 @@ def _new_metadata(
         base_url=getattr(client, "base_url", None),
         api_key_var=getattr(client, "api_key_var", None),
         pass_threshold=env.pass_threshold,
+        rubric=env.metric_info(),
         versions={
             "palaestra": palaestra.__version__,
             "env_package": _env_package(env_id),

@@ -53,6 +53,8 @@ class RunMetadata:
     base_url: str | None = None
     api_key_var: str | None = None
     pass_threshold: float = 0.5
+    # each reward function and metric: {"weight": float, "higher_is_better": bool}, for the report
+    rubric: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
     started_at: str | None = None
     finished_at: str | None = None
@@ -83,7 +85,7 @@ class RunMetadata:
             spec_data.pop("sampling", None)
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}  # fields of later versions are ignored
-        for key in ("env_args", "versions", "counts", "summary"):
+        for key in ("env_args", "rubric", "versions", "counts", "summary"):
             if values.get(key) is None:
                 values.pop(key, None)
             elif not isinstance(values[key], dict):
@@ -193,20 +195,15 @@ class RunStore:
 
         The lock is an OS file lock on ``run.lock``, which also records the holder's pid: a lock
         file left by a process that died holds no OS lock, so it is taken over, and the block gets
-        a line naming that stale holder (else ``None``). POSIX only: on Windows it locks nothing.
+        a line naming that stale holder (else ``None``). The file is removed when the block ends,
+        so a finished run leaves none. POSIX only: on Windows it locks nothing.
         """
         if fcntl is None:
             yield None
             return
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        path = self.path / LOCK
+        fd = self._locked(path)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-                raise RunStoreError(
-                    f"{self.path} is in use by {holder}; wait for it to finish or stop it"
-                ) from None
             previous = os.pread(fd, 200, 0).decode(errors="replace").strip()
             stale = f"took over a stale lock of {previous}, which is gone" if previous else None
             os.ftruncate(fd, 0)
@@ -214,10 +211,31 @@ class RunStore:
             try:
                 yield stale
             finally:
-                os.ftruncate(fd, 0)
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()  # while still locked: whoever opens it next makes a new file
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def _locked(self, path: Path) -> int:
+        """An open descriptor of ``path``, OS-locked by this process; ``RunStoreError`` if another has it."""
+        assert fcntl is not None
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise RunStoreError(
+                    f"{self.path} is in use by {holder}; wait for it to finish or stop it"
+                ) from None
+            try:
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # its holder removed the file as we opened it: lock the one there now
 
     def write_metadata(self, metadata: RunMetadata) -> None:
         tmp = self.metadata_path.with_suffix(".json.tmp")

@@ -1,27 +1,19 @@
-"""Summary statistics of an eval run, and their rendering in the terminal with Rich.
+"""Summary statistics of an eval run.
 
 ``summarize`` turns rollouts into a JSON-ready dict (saved with a run and read back by the
-report), ``render_summary`` prints that dict, ``render_rollout`` prints one rollout in full and
-``pick_sample`` chooses which rollout to show. Every string that came from a model, a dataset or
-an exception is printed through ``Text`` so Rich markup in it is shown literally.
+report; ``palaestra.eval.summary_view`` prints it) and ``pick_sample`` chooses which rollout to
+show in full.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich import box
-from rich.console import Console, Group
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
-
-from palaestra.types import Message, Rollout, content_text
+from palaestra.types import Rollout
 
 HISTOGRAM_BINS = 10
 ERROR_MESSAGE_CHARS = 500
@@ -69,6 +61,7 @@ def summarize(
     rollouts_per_example: int,
     pass_threshold: float = 0.5,
     env_metrics: Mapping[str, Sequence[str]] | None = None,
+    env_thresholds: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Reward, metric, pass@k, stop-reason, error, timing and token statistics of a run.
 
@@ -77,18 +70,22 @@ def summarize(
     in pass@k. The 95% CI of the mean reward is a t-interval clipped to the lowest and highest
     reward seen. Rollouts of an ``EnvGroup`` also get ``by_env``: the same reward, metric and
     pass@k statistics per environment, with only the metrics ``env_metrics`` names for it (all,
-    when it does not name the environment).
+    when it does not name the environment), and pass@k against each one's own threshold
+    (``env_thresholds``; the top-level pass@k too: a rollout passes by its environment's). A
+    top-level metric's statistics are over the rows of the environments that have it, never the
+    zeros the group fills in for the others.
     """
+    thresholds = env_thresholds or {}
     rewards = [r.reward for r in rollouts if r.reward is not None]
     out: dict[str, Any] = {
         "n_rollouts": len(rollouts),
         "n_examples": len({r.example_id for r in rollouts}),
         "rollouts_per_example": rollouts_per_example,
         "reward": _reward_stats(rewards),
-        "metrics": _metric_stats(rollouts),
+        "metrics": _metric_stats(rollouts, owners=_owners(env_metrics)),
         "histogram": _histogram(rewards),
         "pass_threshold": pass_threshold,
-        "pass_at_k": _pass_at_k(rollouts, rollouts_per_example, pass_threshold),
+        "pass_at_k": _pass_at_k(rollouts, rollouts_per_example, pass_threshold, thresholds),
         "stop_reasons": _stop_reasons(rollouts),
         "errors": _errors(rollouts),
         "timing": {
@@ -111,20 +108,47 @@ def summarize(
                 "n_examples": len({r.example_id for r in own}),
                 "reward": _reward_stats([r.reward for r in own if r.reward is not None]),
                 "metrics": _metric_stats(own, None if shown is None else set(shown)),
-                "pass_at_k": _pass_at_k(own, rollouts_per_example, pass_threshold),
+                "pass_threshold": thresholds.get(name, pass_threshold),
+                "pass_at_k": _pass_at_k(own, rollouts_per_example, thresholds.get(name, pass_threshold)),
                 "errors": sum(r.error is not None for r in own),
             }
         out["by_env"] = by_env
     return out
 
 
-def _metric_stats(rollouts: Sequence[Rollout], only: set[str] | None = None) -> dict[str, Any]:
+def _owners(env_metrics: Mapping[str, Sequence[str]] | None) -> dict[str, set[str]] | None:
+    """Metric name → the environments that have it (None: no group, every row has every metric)."""
+    if not env_metrics:
+        return None
+    owners: dict[str, set[str]] = {}
+    for env, names in env_metrics.items():
+        for name in names:
+            owners.setdefault(name, set()).add(env)
+    return owners
+
+
+def _metric_stats(
+    rollouts: Sequence[Rollout], only: set[str] | None = None, *, owners: dict[str, set[str]] | None = None
+) -> dict[str, Any]:
+    """Each metric's statistics; with ``owners``, over the rows of the environments that have it."""
     values: dict[str, list[float]] = {}
     for r in rollouts:
         for name, value in r.metrics.items():
-            if value is not None and (only is None or name in only):
-                values.setdefault(name, []).append(value)
-    return {name: {"mean": _mean(vs), "std": _std(vs), "n": len(vs)} for name, vs in sorted(values.items())}
+            if value is None or (only is not None and name not in only):
+                continue
+            if owners is not None and r.env is not None and r.env not in owners.get(name, {r.env}):
+                continue  # the 0.0 a group fills in for another environment's metric
+            values.setdefault(name, []).append(value)
+    return {
+        name: {"mean": _mean(vs), "std": _std(vs), "n": len(vs), **_min_max(vs)}
+        for name, vs in sorted(values.items())
+    }
+
+
+def _min_max(values: Sequence[float]) -> dict[str, float | None]:
+    """The lowest and highest finite values (the report draws each metric on its own scale)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return {"min": min(finite), "max": max(finite)} if finite else {"min": None, "max": None}
 
 
 def _finite(x: float | None) -> float | None:
@@ -182,14 +206,21 @@ def _histogram(rewards: Sequence[float]) -> dict[str, list[Any]]:
     return {"edges": edges, "counts": counts}
 
 
-def _pass_at_k(rollouts: Sequence[Rollout], rollouts_per_example: int, threshold: float) -> dict[str, float]:
+def _pass_at_k(
+    rollouts: Sequence[Rollout],
+    rollouts_per_example: int,
+    threshold: float,
+    env_thresholds: Mapping[str, float] | None = None,
+) -> dict[str, float]:
     """pass@k for k = 1, 2, 4, ... <= rollouts_per_example, averaged over examples with >= k rollouts.
 
+    A rollout passes at its environment's threshold (``env_thresholds``), else at ``threshold``.
     A k that no example has enough rollouts for is left out.
     """
     per_example: dict[int, list[bool]] = {}
     for r in rollouts:
-        per_example.setdefault(r.example_id, []).append(r.reward is not None and r.reward >= threshold)
+        bar = (env_thresholds or {}).get(r.env or "", threshold)
+        per_example.setdefault(r.example_id, []).append(r.reward is not None and r.reward >= bar)
     out: dict[str, float] = {}
     k = 1
     while per_example and k <= rollouts_per_example:
@@ -281,177 +312,3 @@ def pick_sample(rollouts: Sequence[Rollout]) -> Rollout | None:
 
 
 # ---------------------------------------------------------------- rendering
-
-_BLOCKS = " ▏▎▍▌▋▊▉█"
-_BAR_WIDTH = 36
-_ROLE_STYLES = {"system": "magenta", "user": "cyan", "assistant": "green", "tool": "yellow"}
-
-
-def _num(x: float | None) -> str:
-    if x is None:
-        return "–"
-    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
-        return f"{x:.3g}"
-    return f"{x:.3f}"
-
-
-def _bar(count: int, top: int) -> str:
-    """A bar of unicode blocks, ``_BAR_WIDTH`` cells for ``top``, in eighths of a cell."""
-    eighths = round(count / top * _BAR_WIDTH * 8) if top else 0
-    if count and not eighths:
-        eighths = 1  # a non-empty bin always shows
-    full, part = divmod(eighths, 8)
-    return "█" * full + (_BLOCKS[part] if part else "")
-
-
-def render_summary(console: Console, summary: dict[str, Any], *, title: str | None = None) -> None:
-    """Print a summary from ``summarize``: reward and metrics, pass@k, histogram, stops, errors, timing."""
-    if title:
-        console.rule(Text(title, style="bold"))
-    reward = summary["reward"]
-    n_err = sum(e["count"] for e in summary["errors"])
-    console.print(
-        Text(
-            f"{summary['n_rollouts']} rollouts · {summary['n_examples']} examples × "
-            f"{summary['rollouts_per_example']} · {reward['n']} scored · {n_err} failed"
-        )
-    )
-
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for header in ("", "mean", "± std", "95% CI", "min", "max", "n"):  # names wrap, never cut
-        table.add_column(header, justify="left" if header in ("", "95% CI") else "right", overflow="fold")
-    ci = reward["ci95"]
-    ci_text = f"[{_num(ci[0])}, {_num(ci[1])}]" if ci else "–"
-    table.add_row(
-        Text("reward", style="bold"),
-        _num(reward["mean"]),
-        _num(reward["std"]),
-        Text(ci_text),
-        _num(reward["min"]),
-        _num(reward["max"]),
-        str(reward["n"]),
-    )
-    for name, stats in summary["metrics"].items():
-        table.add_row(Text(name), _num(stats["mean"]), _num(stats["std"]), "", "", "", str(stats["n"]))
-    console.print(table)
-
-    if summary.get("by_env"):
-        _render_by_env(console, summary["by_env"])
-
-    if summary["pass_at_k"]:
-        parts = [f"pass@{k} {_num(v)}" for k, v in summary["pass_at_k"].items()]
-        console.print(Text(f"pass@k (reward ≥ {summary['pass_threshold']:g}): " + " · ".join(parts)))
-
-    hist = summary["histogram"]
-    if reward["n"]:
-        console.print(Text("\nreward histogram", style="bold"))
-        top = max(hist["counts"])
-        edges = hist["edges"]
-        for i, count in enumerate(hist["counts"]):
-            close = "]" if i == len(hist["counts"]) - 1 else ")"
-            label = f"[{_num(edges[i]):>6}, {_num(edges[i + 1]):>6}{close}"
-            line = Text(f"  {label} ")
-            line.append(f"{_bar(count, top):<{_BAR_WIDTH}}", style="blue")
-            line.append(f" {count}")
-            console.print(line)
-
-    if summary["stop_reasons"]:
-        stops = " · ".join(f"{reason} {count}" for reason, count in summary["stop_reasons"].items())
-        console.print(Text.assemble("\n", ("stop reasons: ", "bold"), stops))
-
-    if summary["errors"]:
-        errors = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="errors", title_justify="left")
-        errors.add_column("stage")
-        errors.add_column("type")
-        errors.add_column("n", justify="right")
-        errors.add_column("example", overflow="fold")
-        for e in summary["errors"]:
-            ex = e["example"]
-            message = " ".join(ex["message"].split())
-            if len(message) > 120:
-                message = message[:119] + "…"
-            where = f"#{ex['example_id']}/{ex['rollout_index']}: "
-            errors.add_row(
-                Text(e["stage"]), Text(e["type"], style="red"), str(e["count"]), Text(where + message)
-            )
-        console.print(errors)
-
-    timing = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="time per rollout (s)", title_justify="left")
-    for header in ("", "min", "mean", "max"):
-        timing.add_column(header, justify="left" if not header else "right")
-    for stage, stats in summary["timing"].items():
-        timing.add_row(stage, *(_num(stats[key]) for key in ("min", "mean", "max")))
-    console.print(timing)
-
-    tokens = summary["tokens"]
-    console.print(
-        Text(
-            f"tokens: prompt {tokens['prompt']:,} · completion {tokens['completion']:,} · "
-            f"total {tokens['total']:,}"
-        )
-    )
-
-
-def _render_by_env(console: Console, by_env: dict[str, Any]) -> None:
-    """One line per environment of a group: its reward, pass@1 and its own metrics' means."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="per environment", title_justify="left")
-    for header in ("environment", "rollouts", "reward", "95% CI", "pass@1", "failed", "its metrics (mean)"):
-        table.add_column(header, justify="right" if header in ("rollouts", "reward", "pass@1", "failed") else "left",
-                         overflow="fold")  # fmt: skip
-    for name, stats in by_env.items():
-        reward, ci = stats["reward"], stats["reward"]["ci95"]
-        metrics = " · ".join(f"{m} {_num(v['mean'])}" for m, v in stats["metrics"].items())
-        table.add_row(
-            Text(name, style="bold"), str(stats["n_rollouts"]), _num(reward["mean"]),
-            Text(f"[{_num(ci[0])}, {_num(ci[1])}]" if ci else "–"), _num(stats["pass_at_k"].get("1")),
-            str(stats["errors"]), Text(metrics),
-        )  # fmt: skip
-    console.print(table)
-
-
-def _truncate(text: str, max_chars: int) -> str:
-    if len(text) <= max_chars:
-        return text
-    return text[:max_chars] + f"… ({len(text) - max_chars} more chars)"
-
-
-def _tool_call_text(call: Any) -> str:
-    """``name(arguments)`` of an OpenAI tool call dict."""
-    if not isinstance(call, dict):
-        return str(call)
-    function = call.get("function") or {}
-    arguments = function.get("arguments", "")
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return f"{function.get('name', '?')}({arguments})"
-
-
-def _message_panel(message: Message, max_chars: int) -> Panel:
-    role = str(message.get("role", "?"))
-    style = _ROLE_STYLES.get(role, "white")
-    title = Text(role, style=f"bold {style}")
-    if message.get("tool_call_id"):
-        title.append(f" · {message['tool_call_id']}")
-    body = Text(_truncate(content_text(message.get("content"), placeholders=True), max_chars))
-    for call in message.get("tool_calls") or []:
-        if body:
-            body.append("\n")
-        body.append("→ ", style="bold")
-        body.append(_truncate(_tool_call_text(call), max_chars), style=style)
-    return Panel(body, title=title, title_align="left", border_style=style)
-
-
-def render_rollout(console: Console, rollout: Rollout, *, max_chars: int = 2000) -> None:
-    """Print one rollout in full: a header with its scores, then every message as a panel."""
-    console.rule(Text(f"example {rollout.example_id} · rollout {rollout.rollout_index}", style="bold"))
-    reward = "–" if rollout.reward is None else _num(rollout.reward)
-    header = Text(f"reward {reward} · stop {rollout.stop_reason or 'none'}")
-    if rollout.metrics:
-        header.append(" · " + " ".join(f"{name}={_num(v)}" for name, v in sorted(rollout.metrics.items())))
-    lines: list[Text] = [header]
-    if rollout.error is not None:
-        err = rollout.error
-        lines.append(Text(f"error [{err.stage}] {err.type}: {_truncate(err.message, 500)}", style="red"))
-    console.print(Group(*lines))
-    for message in rollout.messages:
-        console.print(_message_panel(message, max_chars))

@@ -7,6 +7,7 @@ The hub is found from ``--hub URL`` or ``PALAESTRA_HUB_URL``; write calls send t
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -154,9 +155,24 @@ async def upload(url: str, token: str, paths: Sequence[Path]) -> list[dict[str, 
     return done
 
 
+async def check_token(url: str, token: str) -> str:
+    """The user ``token`` belongs to on the hub; ``HubError`` (401/403) before any build if none."""
+    target = urljoin(url, "api/token")
+    try:
+        body = await request("GET", target, token=token)
+    except HubError as exc:
+        if exc.status == 404:  # a hub older than this route: its upload checks the token
+            return ""
+        raise
+    return str(_json(body, target, "user")["user"])
+
+
 def publish(url: str, token: str, env_dir: Path, *, isolation: bool = True) -> list[dict[str, Any]]:
+    """Check the folder and the token, then build the wheel and the sdist and upload them."""
     from palaestra.runner import run_async
 
+    check_env_dir(env_dir)
+    run_async(check_token(url, token))  # a wrong token is said before a minute of building
     with tempfile.TemporaryDirectory(prefix="palaestra-publish-") as tmp:
         paths = build(env_dir, Path(tmp), isolation=isolation)
         return run_async(upload(url, token, paths))
@@ -286,16 +302,24 @@ async def index_files(url: str, name: str) -> list[IndexFile]:
 # writing
 
 
-async def attach_results(url: str, token: str, run_dir: Path, *, with_report: bool = True) -> dict[str, Any]:
-    """Attach a saved run's summary, and its HTML report, to its environment's page."""
+async def attach_results(
+    url: str, token: str, run_dir: Path, *, with_report: bool = True, model_name: str | None = None
+) -> dict[str, Any]:
+    """Attach a saved run's summary, and its HTML report, to its environment's page.
+
+    The model is shown as ``model_name``, else as ``public_model_name`` makes it (a local
+    checkpoint's path becomes ``local:RUN/step-N``); neither copy names the endpoint or its key."""
     from palaestra.eval.report import render_report
     from palaestra.eval.store import RunStore, load_run
+    from palaestra.hub.results import public_model_name
 
     run = RunStore.open(run_dir).read_metadata()
     if run.status != "complete":
         raise HubError(
             f"{run_dir}: the run is {run.status}, not complete: finish it with palaestra eval --resume"
         )
+    shown = model_name or public_model_name(run.model)
+    run = dataclasses.replace(run, model=shown, base_url=None, api_key_var=None)
     form = aiohttp.FormData()
     form.add_field("run", orjson.dumps(run.to_dict()).decode(), content_type="application/json")
     if with_report:
@@ -303,6 +327,7 @@ async def attach_results(url: str, token: str, run_dir: Path, *, with_report: bo
         saved.path = (
             Path(saved.path.name) if saved.path else None
         )  # the run's folder, not the uploader's disk
+        saved.metadata = dataclasses.replace(saved.metadata, model=shown, base_url=None, api_key_var=None)
         form.add_field(
             "report", render_report([saved]).encode(), filename="report.html", content_type="text/html"
         )

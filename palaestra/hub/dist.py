@@ -1,7 +1,8 @@
 """Inspect one uploaded distribution file (wheel or sdist) for the hub, before anything is stored.
 
 The hub serves environment packages: projects named ``palaestra-env-*`` that expose at least one
-``palaestra.environments`` entry point. ``inspect_dist`` checks that an upload is an intact archive,
+``palaestra.environments`` entry point; and ``palaestra`` itself (which exposes its own), so that
+the environments' install lines work on a machine with only the hub and an index for the rest. ``inspect_dist`` checks that an upload is an intact archive,
 safe to unpack, whose core metadata agrees with its filename and which declares an environment,
 and returns what the hub's catalog and pages need. Every refusal is one ``DistError`` whose message
 tells the uploader what to fix. Nothing is extracted, and the archive is read within ``Limits``
@@ -36,10 +37,12 @@ __all__ = [
     "Limits",
     "check_project_name",
     "inspect_dist",
+    "is_hub_name",
     "normalize",
 ]
 
 PREFIX = "palaestra-env-"
+FRAMEWORK = "palaestra"  # the one project outside PREFIX: what every environment depends on
 ENTRY_POINT_GROUP = "palaestra.environments"
 DEFAULT_LIMITS = Limits()
 MAX_FILENAME = 240  # a file name on disk, with ".metadata" after it, stays under 255 bytes
@@ -79,10 +82,15 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def is_hub_name(normalized: str) -> bool:
+    """Whether a normalized project name is one a hub serves: ``palaestra-env-*`` or ``palaestra``."""
+    return normalized == FRAMEWORK or (normalized.startswith(PREFIX) and len(normalized) > len(PREFIX))
+
+
 def check_project_name(name: str) -> str:
-    """Return the normalized name; DistError if it is not a valid PEP 508 name or lacks ``PREFIX``."""
+    """Return the normalized name; DistError unless it is a valid PEP 508 name the hub serves."""
     normalized = normalize(name)
-    if _PEP508_NAME.fullmatch(name) and normalized.startswith(PREFIX) and len(normalized) > len(PREFIX):
+    if _PEP508_NAME.fullmatch(name) and is_hub_name(normalized):
         return normalized
     rest = re.sub(r"^palaestra(-env)?(-|$)", "", re.sub(r"[^a-z0-9]+", "-", normalized).strip("-"))
     raise DistError(

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from palaestra.hub import index, pages
+from palaestra.hub.dist import FRAMEWORK
 from palaestra.hub.server import HubData
 
 REPORT_WRAPPER = """<!DOCTYPE html>
@@ -55,6 +56,7 @@ def export(data: HubData, out: Path, *, hub_url: str = "") -> int:
     url = hub_url.rstrip("/") + "/" if hub_url else "HUB_URL/"
     body, _ = index.root(projects, "html")
     _write(out / "simple" / "index.html", body)
+    wheel = pages.palaestra_wheel(catalog.project(FRAMEWORK))
     for summary in projects:
         name = summary["name"]
         project = catalog.project(name)
@@ -68,7 +70,8 @@ def export(data: HubData, out: Path, *, hub_url: str = "") -> int:
                     written += 1
         results = catalog.results(name)
         attached[name] = results
-        _write(out / "env" / name / "index.html", pages.project(project, results, hub_url=url))
+        page = pages.project(project, results, hub_url=url, palaestra_wheel=wheel)
+        _write(out / "env" / name / "index.html", page)
         for run in results:
             report = data.reports / f"{run['id']}.html"
             if run["has_report"] and report.is_file():

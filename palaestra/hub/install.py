@@ -3,7 +3,8 @@
 It is safe against dependency confusion and against pip's own settings: packages named
 ``palaestra-env-*`` come from the hub and from nowhere else. Each is installed from the exact file
 the hub lists (``NAME @ URL#sha256=HASH``) by a pip that reads no configuration file and no ``PIP_*``
-variable; every other requirement comes from pip's own configured index, in a second pip call that
+variable, and so is ``palaestra`` itself when the hub serves it and the interpreter has no
+palaestra that satisfies the environment already (a source checkout is never replaced); every other requirement comes from pip's own configured index, in a second pip call that
 names the hub's files again; then each ``palaestra-env-*`` distribution installed is checked.
 
 The planner reads the hub's index (PEP 691 JSON from a hub, PEP 503 HTML from a static copy made
@@ -34,7 +35,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from palaestra.hub.client import HubError, index_files, project_name, request
-from palaestra.hub.dist import PREFIX
+from palaestra.hub.dist import FRAMEWORK, PREFIX
 
 PIP_NO_CONFIG = ("--isolated", "--disable-pip-version-check", "--no-input")  # with PIP_CONFIG_FILE=os.devnull
 # Run in the target interpreter: its marker environment (packaging's default_environment, in the
@@ -55,7 +56,7 @@ environment = {
 dists = {}
 for d in md.distributions():
     name = re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower()
-    if name.startswith(sys.argv[1]) and name not in dists:  # the first one found is the one imported
+    if (name.startswith(sys.argv[1]) or name == sys.argv[2]) and name not in dists:  # the first found is imported
         record = (d.read_text("RECORD") or "").encode()
         dists[name] = {"version": d.version, "direct_url": d.read_text("direct_url.json"),
                        "record": hashlib.sha256(record).hexdigest()}
@@ -134,7 +135,7 @@ def _run(
 
 def inspect_target(python: str) -> Target:
     """Ask ``python`` for its marker environment and its installed environment packages."""
-    done = _run([python, "-c", _INSPECT, PREFIX], what=f"inspecting {python}")
+    done = _run([python, "-c", _INSPECT, PREFIX, FRAMEWORK], what=f"inspecting {python}")
     try:
         data = orjson.loads(done.stdout)
         return Target(python, dict(data["environment"]), dict(data["dists"]))
@@ -242,12 +243,19 @@ def _unmarked(req: Requirement) -> str:
     return str(copy)
 
 
-async def plan_install(url: str, requirement: str, *, environment: dict[str, str] | None = None) -> Plan:
+async def plan_install(
+    url: str,
+    requirement: str,
+    *,
+    environment: dict[str, str] | None = None,
+    installed: dict[str, str] | None = None,
+) -> Plan:
     """Resolve ``requirement`` (an env name or project, optionally with extras and a version specifier)
     on the hub.
 
     ``environment`` is the target interpreter's marker environment (this one's if ``None``). Each hub
     package gets one version; a later requirement that this version does not satisfy is an error.
+    ``installed`` (name → version) is what the target has of ``palaestra``: kept when it satisfies.
     """
     first = _command_line_requirement(requirement)
     env = environment or {}  # packaging fills in this interpreter's values for the keys left out
@@ -261,6 +269,7 @@ async def plan_install(url: str, requirement: str, *, environment: dict[str, str
     requires: dict[str, tuple[list[Requirement], set[str]] | None] = {}
     extras_done: dict[str, set[str]] = {}
     others: list[str] = []
+    seen: dict[str, bool] = {}
     todo = [first]
     while todo:
         req = todo.pop()
@@ -288,12 +297,37 @@ async def plan_install(url: str, requirement: str, *, environment: dict[str, str
                 continue  # taken on the first visit
             if dep.marker is not None and not any(dep.marker.evaluate({**env, "extra": e}) for e in new):
                 continue
-            if str(canonicalize_name(dep.name)).startswith(PREFIX):
+            dep_name = str(canonicalize_name(dep.name))
+            if dep_name == FRAMEWORK and _satisfied(dep, (installed or {}).get(FRAMEWORK)):
+                continue  # the palaestra already there (a source checkout, say) stays
+            if dep_name.startswith(PREFIX) or (
+                dep_name == FRAMEWORK and await _hub_has(url, FRAMEWORK, seen)
+            ):
                 todo.append(dep)
             else:
                 others.append(_unmarked(dep))
     hub = tuple(f"{n}=={v}" for n, v in pinned.items())
     return Plan(hub=hub, others=tuple(dict.fromkeys(others)), files=files)
+
+
+def _satisfied(req: Requirement, version: str | None) -> bool:
+    """Whether an installed ``version`` (None: not installed) satisfies ``req``."""
+    try:
+        return version is not None and req.specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+async def _hub_has(url: str, name: str, seen: dict[str, bool]) -> bool:
+    """Whether the hub serves ``name`` (``palaestra`` itself: then it comes from the hub like the rest)."""
+    if name not in seen:
+        try:
+            seen[name] = bool(await index_files(url, name))
+        except HubError as exc:
+            if "is not on the hub" not in str(exc):
+                raise
+            seen[name] = False
+    return seen[name]
 
 
 def _pip_install(python: str, *args: str, isolated: bool = False) -> PipCommand:
@@ -376,7 +410,7 @@ def verify(before: Target, files: Sequence[HubFile]) -> None:
             raise HubError(f"{f.name} in {python} is not the hub's {f.filename} after pip ran")
     planned = {f.name for f in files}
     for name, dist in after.dists.items():
-        if name not in planned and dist != before.dists.get(name):
+        if name.startswith(PREFIX) and name not in planned and dist != before.dists.get(name):
             raise HubError(
                 f"pip installed {name} {dist['version']} from outside the hub, as a dependency of a "
                 f"package from pip's own index: remove it with {python} -m pip uninstall {name}"
@@ -395,7 +429,8 @@ def install(
     from palaestra.runner import run_async
 
     before = inspect_target(python)
-    plan = run_async(plan_install(url, requirement, environment=before.environment))
+    have = {n: str(d["version"]) for n, d in before.dists.items() if n == FRAMEWORK and d["version"]}
+    plan = run_async(plan_install(url, requirement, environment=before.environment, installed=have))
     files = choose_files(url, plan, python)
     commands = install_commands(files, () if no_deps else plan.others, python)
     if not dry_run:

@@ -22,6 +22,7 @@ from urllib.parse import quote
 import orjson
 from markdown_it import MarkdownIt
 
+from palaestra.hub.dist import FRAMEWORK
 from palaestra.hub.index import url_part
 from palaestra.hub.results import Board, leaderboards, reproduce_command
 
@@ -152,6 +153,38 @@ def home(projects: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]
     )
 
 
+def palaestra_wheel(framework: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(file name, sha256) of the newest wheel of palaestra in its catalog entry, or None."""
+    releases = (framework or {}).get("releases") or []
+    for release in reversed([r for r in releases if not r["yanked"]] or releases):
+        for f in release["files"]:
+            if f["filename"].endswith(".whl"):
+                return f["filename"], f["sha256"]
+    return None
+
+
+def install_lines(name: str, url: str, *, palaestra_wheel: tuple[str, str] | None) -> str:
+    """The page's install commands for ``name`` (already escaped) on the hub at ``url`` (escaped).
+
+    Every line takes the hub's packages from the hub only, palaestra itself as the exact file and
+    sha256 the hub lists (never from an index that a squatter could win); the other dependencies
+    come from pip's own index."""
+    lines = [f"palaestra install {name} --hub {url}    # palaestra installed already"]
+    if palaestra_wheel is not None:
+        filename, sha256 = (esc(part) for part in palaestra_wheel)
+        pin = f"{FRAMEWORK} @ {url}files/{FRAMEWORK}/{filename}#sha256={sha256}"
+        bootstrap = f"pip install --no-deps &quot;{pin}&quot; &amp;&amp; pip install {FRAMEWORK}"
+        if name == FRAMEWORK:
+            lines = [bootstrap]
+        else:
+            note = "# no palaestra yet: palaestra from this hub, its dependencies from your index"
+            lines[:0] = [note, bootstrap]
+    lines.append(
+        f"uv pip install --extra-index-url {url}simple/ {name}    # uv: the hub's names from the hub only"
+    )
+    return "<pre><code>" + "\n".join(lines) + "</code></pre>"
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -194,21 +227,26 @@ def _board(board: Board, root: str) -> str:
 
 
 def project(
-    project: dict[str, Any], results: list[dict[str, Any]], *, hub_url: str | None, root: str = "../../"
+    project: dict[str, Any],
+    results: list[dict[str, Any]],
+    *,
+    hub_url: str | None,
+    root: str = "../../",
+    palaestra_wheel: tuple[str, str] | None = None,
 ) -> str:
     """One environment's page: install lines, README, leaderboards, versions, dependencies.
 
     ``hub_url`` ``None`` leaves ``HUB_URL`` in the install line, for ``with_hub_url`` to fill in: the
-    hub renders a page once, whatever address it was asked at.
+    hub renders a page once, whatever address it was asked at. ``palaestra_wheel`` (file name,
+    sha256): the newest wheel of palaestra itself on the hub, so the page also says how to install
+    on a machine that has no palaestra yet.
     """
     name = project["name"]
     releases = project["releases"]
     live = [r for r in releases if not r["yanked"]] or releases
     latest = live[-1]
-    install = (
-        f"<pre><code>palaestra install {esc(name)}\n"
-        f"pip install --index-url {HUB_URL if hub_url is None else esc(hub_url)}simple/ {esc(name)}</code></pre>"
-    )
+    url = HUB_URL if hub_url is None else esc(hub_url)
+    install = install_lines(name, url, palaestra_wheel=palaestra_wheel)
     boards = leaderboards(results)
     board_html = "".join(_board(b, root) for b in boards) or (
         "<p class=muted>No results yet. Attach one with <code>palaestra hub results RUN_DIR</code>.</p>"

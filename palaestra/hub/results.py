@@ -71,6 +71,28 @@ def _means(table: Any, where: str) -> dict[str, float]:
     return out
 
 
+def public_model_name(model: str) -> str:
+    """The name a board shows for ``model``: as it is, unless it is a path on the uploader's disk.
+
+    A local checkpoint (``/home/me/outputs/sft/checkpoints/step-000040``, ``outputs/sft/final``,
+    ``local:PATH``) becomes ``local:`` and its run and checkpoint names (``local:sft/step-000040``):
+    the rest of the path is the uploader's own. A hub id (``org/name``) and an API model stay."""
+    text = model.removeprefix("local:")
+    windows = len(text) > 2 and text[1] == ":" and text[2] in "\\/"
+    looks_like_path = (
+        model.startswith("local:")
+        or text.startswith(("/", "~", "./", "../", "\\"))
+        or windows
+        or text.count("/") > 1
+    )
+    if not looks_like_path:
+        return model
+    parts = [p for p in text.replace("\\", "/").split("/") if p not in ("", ".", "..", "~")]
+    if len(parts) >= 3 and parts[-2] == "checkpoints":
+        parts = [parts[-3], parts[-1]]  # RUN/checkpoints/step-N → RUN/step-N
+    return "local:" + "/".join(parts[-2:]) if parts else "local:model"
+
+
 def run_record(data: Any) -> dict[str, Any]:
     """The stored record of a run, from its ``metadata.json`` object: the fields of ``RECORD_KEYS``, typed."""
     try:
@@ -98,7 +120,7 @@ def run_record(data: Any) -> dict[str, Any]:
         "run_id": _name(meta.run_id, "run_id"),
         "env_id": _name(meta.env_id, "env_id"),
         "env_args": meta.env_args,
-        "model": _name(meta.model, "model"),
+        "model": _name(public_model_name(meta.model), "model"),  # never a path on the uploader's disk
         "sampling": dataclasses.asdict(spec.sampling) if spec.sampling else None,
         "num_examples": _count(meta.summary.get("n_examples"), "summary.n_examples", spec.num_examples)
         or spec.num_examples,

@@ -45,7 +45,7 @@ from packaging.version import Version
 
 from palaestra.hub import forms, index, pages
 from palaestra.hub.catalog import Catalog, CatalogError, User
-from palaestra.hub.dist import DistError, DistInfo, inspect_dist, normalize
+from palaestra.hub.dist import FRAMEWORK, DistError, DistInfo, inspect_dist, normalize
 from palaestra.hub.results import ResultError, run_record
 from palaestra.runner import run_async
 from palaestra.serve import start
@@ -190,6 +190,11 @@ class HubServer:
         self.changed()
         logger.info("%s uploaded %s", user.name, dist.filename)
         return web.json_response({"filename": dist.filename, "name": dist.name, "version": dist.version})
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        """The token's user: what ``palaestra hub publish`` asks before it builds anything."""
+        user = await self._user(request)
+        return web.json_response({"user": user.name})
 
     async def yank(self, request: web.Request) -> web.Response:
         user = await self._user(request)
@@ -349,7 +354,10 @@ class HubServer:
             if project is None:
                 return None
             results = await self._run(self.data.catalog.results, name)
-            return pages.project(project, results, hub_url=None).encode(), "text/html; charset=utf-8"
+            framework = await self._run(self.data.catalog.project, FRAMEWORK)
+            wheel = pages.palaestra_wheel(framework)
+            page = pages.project(project, results, hub_url=None, palaestra_wheel=wheel)
+            return page.encode(), "text/html; charset=utf-8"
 
         # one rendering whatever the Host header: a client cannot make the hub render a README per host
         return await self._cached(
@@ -415,6 +423,7 @@ def create_app(data: HubData, *, max_upload_bytes: int = MAX_UPLOAD_BYTES) -> we
         web.post("/legacy/", server.upload),
         web.post("/legacy", server.upload),
         web.post("/api/yank", server.yank),
+        web.get("/api/token", server.whoami),
         web.post("/api/results", server.add_results),
         web.get("/api/projects.json", server.projects_json),
         web.get("/env/{name}", server.env_page),

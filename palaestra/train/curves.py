@@ -2,90 +2,178 @@
 
 Written into each run folder at every checkpoint (``curves.html``), and by
 ``palaestra train curves RUN_DIR...``, which overlays several runs (LoRA against full fine-tuning,
-say). Charts: the loss (each step faint, a centred moving average bold), the learning rate,
-the gradient norm and the trained tokens per second, all against the step. No JavaScript, no
-network: the page opens anywhere.
+say). Charts are grouped by what they measure, per kind of run: an SFT run's cross-entropy,
+optimizer and speed; an RL run's reward, held-out evaluations (with a table linking each one's
+report), environment metrics, policy, loss and time. No JavaScript, no network: the page opens
+anywhere.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from palaestra.train.metrics import METRICS_FILE, read_metrics
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
-CHARTS = (
-    ("loss", "training loss (assistant tokens)"),
-    ("lr", "learning rate"),
-    ("grad_norm", "gradient norm (before clipping)"),
-    ("trained_tokens_per_s", "trained tokens / s"),
+# per kind of run: sections of (metrics key, title); a key ending in "/" is every key with that prefix
+SFT_SECTIONS = (
+    ("what it learns", (("loss", "cross-entropy of the assistant tokens (nats)"),)),
+    ("the optimizer", (("lr", "learning rate"), ("grad_norm", "gradient norm (before clipping)"))),
+    ("speed", (("trained_tokens_per_s", "trained tokens / s"),)),
 )
-RL_CHARTS = (
-    ("reward", "mean reward of the batch's rollouts"),
-    ("eval/reward", "held-out reward (mean over the eval sets)"),
-    ("entropy", "entropy of the sampled tokens (nats)"),
-    ("clipped_fraction", "tokens clipped, capped or masked by the loss"),
-    ("completion_tokens", "tokens per reply"),
-    ("loss", "loss"),
-    ("grad_norm", "gradient norm (before clipping)"),
-    ("seconds_sampling", "seconds sampling per step"),
-    ("seconds_training", "seconds training per step"),
+RL_SECTIONS = (
+    ("reward", (("reward", "mean reward of the batch's rollouts"), ("reward/", "reward of"))),
+    (
+        "held-out evaluations",
+        (("eval/reward", "held-out reward (mean over the eval sets)"), ("eval/", "held-out")),
+    ),
+    ("the environment's metrics", (("metrics/", "batch mean of"),)),
+    (
+        "the policy",
+        (
+            ("entropy", "entropy of the sampled tokens (nats)"),
+            ("clipped_fraction", "tokens clipped, capped or masked by the loss"),
+            ("completion_tokens", "tokens per reply"),
+        ),
+    ),
+    (
+        "the loss and the optimizer",
+        (
+            ("loss", "policy loss (the RL objective: not a cross-entropy)"),
+            ("grad_norm", "gradient norm (before clipping)"),
+            ("lr", "learning rate"),
+        ),
+    ),
+    (
+        "time",
+        (
+            ("seconds_sampling", "seconds sampling per step"),
+            ("seconds_training", "seconds training per step"),
+        ),
+    ),
 )
 W, H, LEFT, RIGHT, TOP, BOTTOM = 520, 260, 64, 16, 28, 36
 
 Series = tuple[str, str, list[float], list[float]]  # label, color, x, y
+Run = tuple[str, str, list[dict[str, Any]]]  # label, color, records
 
 
-def write_curves(
-    run_dirs: Sequence[Path], out: Path, *, charts: Sequence[tuple[str, str]] | None = None
-) -> Path:
+def write_curves(run_dirs: Sequence[Path], out: Path) -> Path:
     """Write the HTML page of the runs in ``run_dirs`` to ``out``; returns ``out``.
 
-    ``charts`` is (metrics key, title) per chart; default: the SFT charts, or the RL ones for runs
-    whose records have a ``reward``. ``loss`` and ``reward`` are smoothed (each step faint); SFT's
-    loss and gradient norm use a log scale (an RL loss can be negative).
+    Series are grouped by what they measure: SFT runs and RL runs get sections of their own (an
+    SFT cross-entropy and an RL loss never share an axis), each chart one quantity. ``loss`` and
+    ``reward`` are smoothed (each step faint); SFT's loss and the gradient norms use a log scale
+    where they span more than 20×. An RL run's held-out evaluations are listed too, each linked to
+    its report (written next to it the first time).
     """
-    runs = []
+    runs: dict[str, list[Run]] = {"sft": [], "rl": []}
     for i, run_dir in enumerate(run_dirs):
         path = Path(run_dir) / METRICS_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{run_dir}: no {METRICS_FILE} (is it a training run folder?)")
-        runs.append((str(run_dir), COLORS[i % len(COLORS)], read_metrics(path)))
-    rl = any("reward" in record for _, _, records in runs for record in records)
-    if charts is None:
-        charts = CHARTS
-        if rl:  # the fixed charts, then one per environment metric and held-out figure
-            found = dict.fromkeys(k for _, _, records in runs for r in records for k in r
-                                  if k.startswith(("metrics/", "eval/")) and k != "eval/reward")  # fmt: skip
-            charts = (*RL_CHARTS, *((k, k) for k in found))
-    pictures = []
-    for key, title in charts:
-        lines: list[Series] = []
-        faint: list[Series] = []
-        for label, color, records in runs:
-            points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
-            xs, ys = [float(x) for x, _ in points], [float(y) for _, y in points]
-            if key in ("loss", "reward") and len(ys) > 4:
-                faint.append((label, color, xs, ys))
-                ys = moving_average(ys, max(1, len(ys) // 40))
-            lines.append((label, color, xs, ys))
-        pictures.append(
-            svg_chart(title, lines, faint, log_y=key == "grad_norm" or (key == "loss" and not rl))
-        )
+        records = read_metrics(path)
+        kind = "rl" if any("reward" in r or "groups" in r for r in records) else "sft"
+        runs[kind].append((str(run_dir), COLORS[i % len(COLORS)], records))
+    body = []
+    for kind, sections in (("sft", SFT_SECTIONS), ("rl", RL_SECTIONS)):
+        if not runs[kind]:
+            continue
+        if kind == "rl":
+            body.append(held_out_table([Path(label) for label, _, _ in runs["rl"]], out))
+        for title, charts in sections:
+            pictures = [_chart(kind, key, name, runs[kind]) for key, name in _expand(charts, runs[kind])]
+            if pictures:
+                body.append(
+                    f'<h3>{kind.upper()}: {html.escape(title)}</h3><div class="charts">{"".join(pictures)}</div>'
+                )
     legend = "".join(
-        f'<span style="color:{color}">&#9632;</span> {html.escape(label)} ({len(records)} steps)<br>'
-        for label, color, records in runs
+        f'<span style="color:{color}">&#9632;</span> {html.escape(label)} ({kind.upper()}, {len(records)} steps)<br>'
+        for kind in runs
+        for label, color, records in runs[kind]
     )
     out.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>training curves</title>"
         "<style>body{font:14px sans-serif;margin:16px}svg{margin:4px;background:#fff;"
-        "border:1px solid #ddd}</style></head><body>"
-        f"<h3>training curves</h3><p>{legend}</p>{''.join(pictures)}</body></html>\n"
+        "border:1px solid #ddd}figure{display:inline-block;margin:0}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}</style></head><body>"
+        f"<h2>training curves</h2><p>{legend}</p>{''.join(body)}</body></html>\n"
     )
     return out
+
+
+def _expand(charts: Sequence[tuple[str, str]], runs: Sequence[Run]) -> list[tuple[str, str]]:
+    """The charts of a section: fixed keys the runs logged, and one per logged key of each prefix."""
+    logged = dict.fromkeys(k for _, _, records in runs for r in records for k in r)
+    fixed = {key for key, _ in charts if not key.endswith("/")}
+    out = []
+    for key, title in charts:
+        if not key.endswith("/"):
+            if key in logged:
+                out.append((key, title))
+            continue
+        out += [(k, f"{title} {k.removeprefix(key)}") for k in logged if k.startswith(key) and k not in fixed]
+    return out
+
+
+def _chart(kind: str, key: str, title: str, runs: Sequence[Run]) -> str:
+    """One chart of ``key`` over ``runs`` (all of one kind), wrapped in a figure naming them."""
+    lines: list[Series] = []
+    faint: list[Series] = []
+    for label, color, records in runs:
+        points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+        xs, ys = [float(x) for x, _ in points], [float(y) for _, y in points]
+        if key in ("loss", "reward") and len(ys) > 4:
+            faint.append((label, color, xs, ys))
+            ys = moving_average(ys, max(1, len(ys) // 40))
+        lines.append((label, color, xs, ys))
+    log_y = key == "grad_norm" or (key == "loss" and kind == "sft")
+    names = html.escape("\n".join(label for label, _, _ in runs))
+    figure = f'<figure data-kind="{kind}" data-key="{html.escape(key)}" data-runs="{names}">'
+    return f"{figure}{svg_chart(title, lines, faint, log_y=log_y)}</figure>"
+
+
+def held_out_table(run_dirs: Sequence[Path], out: Path) -> str:
+    """Every held-out evaluation of the RL runs (``RUN/evals/step-N/SET``): its mean reward, linked
+    to its report, written beside it if it has none yet."""
+    from palaestra.eval.report import write_report
+
+    rows = []
+    for run_dir in run_dirs:
+        for meta in sorted(run_dir.glob("evals/step-*/*/metadata.json")):
+            folder = meta.parent
+            try:
+                summary = json.loads(meta.read_text(encoding="utf-8")).get("summary") or {}
+                report = folder / "report.html"
+                if not report.is_file():
+                    write_report([folder], report)
+            except (OSError, ValueError):
+                continue  # a folder being written, or damaged: left out, the curves still come
+            reward = (summary.get("reward") or {}).get("mean")
+            step = int(folder.parent.name.removeprefix("step-") or 0)
+            href = html.escape(os.path.relpath(report, out.parent))
+            shown = "–" if reward is None else f"{reward:.3f}"
+            cells = (
+                html.escape(str(run_dir)),
+                step,
+                html.escape(folder.name),
+                summary.get("n_rollouts", "–"),
+            )
+            rows.append(
+                "<tr>"
+                + "".join(f"<td>{c}</td>" for c in cells)
+                + f'<td><a href="{href}">{shown}</a></td></tr>'
+            )
+    if not rows:
+        return ""
+    head = "<tr><th>run</th><th>step</th><th>set</th><th>rollouts</th><th>reward (its report)</th></tr>"
+    return f'<h3>RL: held-out evaluation runs</h3><table class="held-out">{head}{"".join(rows)}</table>'
 
 
 def moving_average(values: Sequence[float], half: int) -> list[float]:

@@ -1,5 +1,8 @@
 """What a training run reports: one JSON line per step in ``metrics.jsonl``, and progress on screen.
 
+``MetricsLog`` is what both trainers write through: ``metrics.jsonl``, and the trackers the
+config's ``output.tracking`` names (TensorBoard, W&B: ``palaestra.train.tracking``).
+
 The progress is a Rich bar on a terminal and a plain line every ``log_every`` steps otherwise
 (logs, CI, pipes), both on stderr.
 """
@@ -16,24 +19,57 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from palaestra.train.config import to_dict
+from palaestra.train.tracking import Tracker, numeric, open_trackers
+
 METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsLog:
-    """Appends one JSON object per step to ``metrics.jsonl``; resuming drops the steps after the checkpoint."""
+    """Appends one JSON object per step to ``metrics.jsonl``; resuming drops the steps after the checkpoint.
 
-    def __init__(self, run_dir: Path, *, after_step: int = 0) -> None:
+    Given the run's ``config``, every record also goes to the trackers its ``output.tracking``
+    names; use the log as a context manager so that they are closed however the run ends."""
+
+    def __init__(self, run_dir: Path, *, after_step: int = 0, config: Any = None) -> None:
         self.path = run_dir / METRICS_FILE
+        self._trackers: list[Tracker] = []
         if self.path.exists():  # a resumed run repeats the steps after its checkpoint: keep one copy
             kept = [line for line in read_metrics(self.path) if _step_of(line) <= after_step]
             # replaced whole, through a temporary file: a kill leaves the old log or the new one
             tmp = self.path.with_name(self.path.name + ".tmp")
             tmp.write_text("".join(json.dumps(line) + "\n" for line in kept))
             tmp.replace(self.path)
+        output = getattr(config, "output", None)
+        if output is not None and output.tracking:
+            self._trackers = open_trackers(
+                output.tracking,
+                run_dir,
+                config=to_dict(config),
+                wandb_project=output.wandb_project,
+                wandb_mode=output.wandb_mode,
+                after_step=after_step,
+            )
 
     def write(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as out:
             out.write(json.dumps({k: _finite(v) for k, v in record.items()}) + "\n")
+        if self._trackers:
+            step, values = int(record.get("step", 0)), numeric(record)
+            for tracker in self._trackers:
+                tracker.log(step, values)
+
+    def close(self) -> None:
+        """Close the trackers (``metrics.jsonl`` is closed after every write)."""
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            tracker.close()
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -180,7 +180,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
         except BaseException:
             await sampler.aclose()  # a server it started stops with it
             raise
-    log = MetricsLog(run_dir, after_step=start)
+    log = MetricsLog(run_dir, after_step=start, config=config)
     show = RLProgress(config.train.steps, done=start, log_every=config.output.log_every,
                       plain=None if progress else True, quiet=progress is False)  # fmt: skip
     last_saved = checkpoint
@@ -199,7 +199,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
     ahead = config.train.max_off_policy_steps
     batches = Batches(sampler, sample, ahead=ahead, steps=config.train.steps, version=start)
     try:
-        with show, writes_stop_the_run(lambda: last_saved):
+        with show, log, writes_stop_the_run(lambda: last_saved):
             if start == 0 and eval_envs:  # where the policy starts from
                 async with sampler_failures(0, sampler, last_saved), batches.newest():
                     log.write({"step": 0, **await _evaluate(eval_envs, sampler, config, run_dir, 0)})

@@ -54,6 +54,7 @@ from palaestra.train.model import (
     load_model,
     parameter_counts,
 )
+from palaestra.train.overlap import write_train_prompts
 from palaestra.train.prefix import SharedPrefix, shared_prefix_length
 from palaestra.train.sft_config import ModelConfig, SFTConfig
 from palaestra.train.tokenize import IGNORE, Encoded, encode, end_of_turn_ids
@@ -117,6 +118,7 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
         if train.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         run_dir.mkdir(parents=True, exist_ok=True)
+        write_train_prompts(run_dir, (c.messages for c in chats), config.data.path)  # eval warns of overlap
         (run_dir / CONFIG_FILE).write_text(to_toml(config))  # last: a refused --resume keeps the old one
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if progress is not False:
@@ -124,12 +126,12 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
 
     # -- 3. train ----------------------------------------------------------------------------------
     backbone, head = backbone_and_head(model)
-    log = MetricsLog(run_dir, after_step=first_step)
+    log = MetricsLog(run_dir, after_step=first_step, config=config)
     show = TrainProgress(train.steps, done=first_step, log_every=config.output.log_every,
                          plain=None if progress else True, quiet=progress is False)  # fmt: skip
     last_saved = checkpoint
     model.train()
-    with show, writes_stop_the_run(lambda: last_saved):
+    with show, log, writes_stop_the_run(lambda: last_saved):
         for step in range(first_step, train.steps):
             t0 = time.perf_counter()
             batch = [examples[i] for i in step_indices(len(examples), train.batch_size, train.seed, step)]

@@ -163,10 +163,21 @@ class OutputConfig:
     dir: str = "outputs/sft"
     save_every: int = 0  # steps between checkpoints; 0: only at the end
     log_every: int = 1  # steps between plain progress lines (metrics.jsonl gets every step)
+    tracking: tuple[Literal["tensorboard", "wandb"], ...] = ()  # also log there (palaestra.train.tracking)
+    wandb_project: str = "palaestra"
+    wandb_mode: Literal["offline", "online"] = "offline"  # offline: files only, `wandb sync` uploads them
 
     def __post_init__(self) -> None:
+        from palaestra.train.tracking import missing_tracker_package
+
         _at_least("save_every", self.save_every, 0)
         _at_least("log_every", self.log_every, 1)
+        if len(set(self.tracking)) < len(self.tracking):
+            raise ValueError(f"tracking names a tracker twice: {list(self.tracking)}")
+        for name in self.tracking:
+            reason = missing_tracker_package(name)
+            if reason:
+                raise ValueError(reason)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,13 @@
     return (f.name || "?") + "(" + args + ")";
   }
   function messages(r) { return (r.prompt || []).concat(r.completion || []); }
+  // the task a rollout was given: its prompt's last user message (the prompt's last message otherwise)
+  function task(r) {
+    var prompt = r.prompt || [];
+    var users = prompt.filter(function (m) { return m.role === "user"; });
+    var m = users.length ? users[users.length - 1] : prompt[prompt.length - 1];
+    return m ? contentText(m.content).replace(/\s+/g, " ").trim() : "";
+  }
   function haystack(r) {
     if (r._text === undefined) {
       var parts = ["#" + r.example_id, r.stop_reason || "", r.error ? r.error.type + " " + r.error.message : ""];
@@ -116,9 +123,9 @@
     var badge = el("span");
     if (r.error) badge.appendChild(el("span", "badge-err", "error · " + r.error.stage));
     head.appendChild(badge);
-    var last = (r.completion || []).slice(-1)[0];
-    var snippet = r.error ? r.error.type + ": " + r.error.message : last ? contentText(last.content) || (last.tool_calls || []).map(callText).join(" ") : "";
-    head.appendChild(el("span", "snippet", snippet.slice(0, 200)));
+    var snippet = el("span", "snippet", task(r).slice(0, 200));
+    snippet.title = r.error ? r.error.type + ": " + r.error.message : task(r).slice(0, 2000);
+    head.appendChild(snippet);
     item.appendChild(head);
     head.addEventListener("click", function () {
       var open = item.classList.toggle("open");
@@ -183,5 +190,94 @@
     apply();
   }
 
+  // the per-example comparison: the examples two runs share, each one's mean reward, both side by side
+  function byExample(rollouts) {
+    var out = {};
+    rollouts.forEach(function (r) { (out[r.example_id] = out[r.example_id] || []).push(r); });
+    Object.keys(out).forEach(function (k) { out[k].sort(function (x, y) { return x.rollout_index - y.rollout_index; }); });
+    return out;
+  }
+  function meanReward(rs) {
+    var xs = rs.map(function (r) { return r.reward; }).filter(function (x) { return typeof x === "number"; });
+    return xs.length ? xs.reduce(function (a, b) { return a + b; }, 0) / xs.length : null;
+  }
+  function side(label, rs) {
+    var col = el("div", "pair-side");
+    col.appendChild(el("div", "pair-label", label));
+    var pick = el("select", "p-rollout");
+    rs.forEach(function (r, i) { var o = el("option", null, "rollout " + r.rollout_index + " · reward " + fmt(r.reward)); o.value = String(i); pick.appendChild(o); });
+    col.appendChild(pick);
+    var shown = detail(rs[0]);
+    col.appendChild(shown);
+    pick.addEventListener("change", function () {
+      var next = detail(rs[Number(pick.value)]);
+      col.replaceChild(next, shown);
+      shown = next;
+    });
+    return col;
+  }
+  function setupPairs(root) {
+    var q = function (c) { return root.querySelector(c); };
+    var list = q(".p-rows");
+    function build() {
+      var a = Number(root.dataset.a), b = Number(q(".p-other").value || root.dataset.b);
+      var left = byExample(data.runs[a] || []), right = byExample(data.runs[b] || []);
+      var ids = Object.keys(left).filter(function (k) { return right[k]; }).map(Number).sort(function (x, y) { return x - y; });
+      var items = ids.map(function (id) {
+        var ra = meanReward(left[id]), rb = meanReward(right[id]);
+        var d = typeof ra === "number" && typeof rb === "number" ? rb - ra : null;
+        var item = el("div", "row pair");
+        item.setAttribute("role", "listitem");
+        item.dataset.example = String(id);
+        var head = el("button", "row-head pair-head");
+        head.type = "button";
+        head.setAttribute("aria-expanded", "false");
+        head.appendChild(el("span", "caret", "▸"));
+        head.appendChild(el("span", "mono", "#" + id));
+        head.appendChild(el("span", "mono", fmt(ra) + " → " + fmt(rb)));
+        var delta = el("span", "delta " + (d === null || Math.abs(d) < 5e-4 ? "zero" : d > 0 ? "pos" : "neg"),
+          d === null ? "—" : (d > 5e-4 ? "+" : d < -5e-4 ? "-" : "±") + Math.abs(d).toFixed(3));
+        head.appendChild(delta);
+        head.appendChild(el("span", "snippet", task(left[id][0]).slice(0, 200)));
+        item.appendChild(head);
+        head.addEventListener("click", function () {
+          var open = item.classList.toggle("open");
+          head.setAttribute("aria-expanded", String(open));
+          if (open && !item._pair) {
+            item._pair = el("div", "pair-body");
+            item._pair.appendChild(side("run " + (a + 1), left[id]));
+            item._pair.appendChild(side("run " + (b + 1), right[id]));
+            item.appendChild(item._pair);
+          }
+          if (item._pair) item._pair.hidden = !open;
+        });
+        return { node: item, id: id, delta: d };
+      });
+      function apply() {
+        var differ = q(".p-differ").checked, how = q(".p-sort").value, shown = 0;
+        var key = function (x) { return x.delta === null ? 0 : x.delta; };
+        var order = items.slice();
+        if (how === "delta-asc") order.sort(function (x, y) { return key(x) - key(y) || x.id - y.id; });
+        if (how === "delta-desc") order.sort(function (x, y) { return key(y) - key(x) || x.id - y.id; });
+        var frag = document.createDocumentFragment();
+        order.forEach(function (x) {
+          x.node.hidden = differ && (x.delta === null || Math.abs(x.delta) < 5e-4);
+          if (!x.node.hidden) shown++;
+          frag.appendChild(x.node);
+        });
+        list.textContent = "";
+        list.appendChild(frag);
+        q(".p-count").textContent = shown + " of " + items.length + " examples in both runs shown";
+      }
+      root._apply = apply;
+      apply();
+    }
+    q(".p-other").addEventListener("change", build);
+    q(".p-differ").addEventListener("change", function () { root._apply(); });
+    q(".p-sort").addEventListener("change", function () { root._apply(); });
+    build();
+  }
+
   Array.prototype.forEach.call(document.querySelectorAll(".browser"), setup);
+  Array.prototype.forEach.call(document.querySelectorAll(".pairs"), setupPairs);
 })();

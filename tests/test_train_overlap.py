@@ -1,0 +1,86 @@
+"""Teacher data and evaluation sets that share prompts: the SFT run records its prompts, and
+``palaestra eval -m CHECKPOINT`` warns when the examples it runs are among them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+import palaestra as pa
+from palaestra.cli import main
+from palaestra.train.overlap import PROMPTS_FILE, prompt_key, train_prompts_for
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+double_check = pytest.importorskip("double_check")
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SFT step of a tiny model on 8 teacher conversations of double_check (seed 0)."""
+    tmp = tmp_path_factory.mktemp("overlap")
+    env = pa.load_environment("double_check", num_examples=8, seed=0)
+    rollouts = asyncio.run(env.run(pa.ScriptedClient(double_check.stubborn), pa.RunSpec()))
+    data = tmp / "teacher.jsonl"
+    data.write_text("".join(json.dumps({"messages": r.messages}) + "\n" for r in rollouts))
+    config = tmp / "sft.toml"
+    config.write_text(f"""
+[data]
+path = "{data}"
+max_length = 256
+
+[model.tiny]
+vocab_size = 300
+hidden_size = 32
+intermediate_size = 64
+num_layers = 1
+max_positions = 256
+
+[train]
+steps = 1
+batch_size = 2
+micro_batch_tokens = 1024
+threads = 1
+
+[output]
+dir = "{tmp / "run"}"
+""")
+    assert main(["train", "sft", str(config), "--quiet"]) == 0
+    return tmp / "run"
+
+
+def test_an_sft_run_records_the_prompts_it_trains_on(sft_run: Path) -> None:
+    env = pa.load_environment("double_check", num_examples=8, seed=0)
+    saved = json.loads((sft_run / PROMPTS_FILE).read_text())
+    assert sorted(saved["prompts"]) == sorted({prompt_key(e.prompt) for e in env.examples})
+    for model in (sft_run, sft_run / "final", (sft_run / "final").resolve()):
+        found = train_prompts_for(model)
+        assert found is not None and found[0] == sft_run.resolve()
+
+
+def test_eval_warns_when_its_examples_were_trained_on(
+    sft_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "eval",
+        "double_check",
+        "-m",
+        str(sft_run / "final"),
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "-t",
+        "2",
+        "-o",
+        str(tmp_path),
+        "--quiet",
+    ]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "warning: 4 of the 4 examples to run were prompts of the SFT data" in err
+    assert main([*args, "-a", '{"seed": 7}']) == 0
+    assert "overlaps the training data" not in capsys.readouterr().err
