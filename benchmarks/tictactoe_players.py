@@ -1,6 +1,6 @@
 """The tic-tac-toe evaluation protocol for the scripted players, written into the env's README.
 
-Protocol (the reference game's evaluation protocol): 100 games, one rollout each, against the optimal opponent and
+Protocol (the reference game's evaluation protocol): 200 games, one rollout each, against the optimal opponent and
 against the random opponent; report wins / draws / losses, format rate, share of games with an
 invalid move, and mean reward. Each game runs through ``env.run`` with a ``ScriptedClient``, the
 same path as ``palaestra eval tictactoe -m scripted:tictactoe:NAME -a '{"opponent": ...}'``.
@@ -8,7 +8,7 @@ same path as ``palaestra eval tictactoe -m scripted:tictactoe:NAME -a '{"opponen
 The table replaces the one between the marker comments in ``environments/tictactoe/README.md``
 (so reruns update it) and is printed.
 
-Usage: python benchmarks/tictactoe_players.py [--games 100] [--seed 0] [--no-write]
+Usage: python benchmarks/tictactoe_players.py [--games 200] [--seed 0] [--no-write]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ PLAYERS: list[tuple[str, Callable[..., str]]] = [
     ("heuristic_player", tictactoe.heuristic_player),
     ("noisy_player(0.5)", tictactoe.noisy_player(0.5)),
     ("noisy_player(0.2)", tictactoe.noisy_player(0.2)),
+    ("teacher_player = candidates_player(0.2)", tictactoe.teacher_player),
     ("optimal_player", tictactoe.optimal_player),
 ]
 
@@ -57,14 +58,15 @@ async def evaluate(policy: Callable[..., str], opponent: str, games: int, seed: 
     }
 
 
-def wdl(result: dict[str, float]) -> str:
-    return f"{result['won']:.0f}/{result['drew']:.0f}/{result['lost']:.0f}"
+def wdl(result: dict[str, float], games: int) -> str:
+    """Wins / draws / losses in % of the games."""
+    return "/".join(f"{100 * result[k] / games:.1f}" for k in ("won", "drew", "lost"))
 
 
 async def measure(games: int, seed: int) -> str:
     """The Markdown table of every player against both opponents."""
     lines = [
-        "| player | vs optimal W/D/L | vs random W/D/L | format | games with invalid moves "
+        "| player | vs optimal W/D/L % | vs random W/D/L % | format | games with invalid moves "
         "(optimal) | mean reward vs optimal | mean reward vs random |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -73,7 +75,7 @@ async def measure(games: int, seed: int) -> str:
         random_ = await evaluate(policy, "random", games, seed)
         fmt = (optimal["format"] + random_["format"]) / 2
         lines.append(
-            f"| `{name}` | {wdl(optimal)} | {wdl(random_)} | {fmt:.0%} | {optimal['invalid']:.0%} "
+            f"| `{name}` | {wdl(optimal, games)} | {wdl(random_, games)} | {fmt:.0%} | {optimal['invalid']:.0%} "
             f"| {optimal['reward']:.3f} | {random_['reward']:.3f} |"
         )
     return "\n".join(lines)
@@ -92,7 +94,7 @@ def write_table(table: str, command: str, seed: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--games", type=int, default=100, help="games per player and opponent")
+    parser.add_argument("--games", type=int, default=200, help="games per player and opponent")
     parser.add_argument("--seed", type=int, default=0, help="run seed (the players' rng)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave the README alone")
     args = parser.parse_args()

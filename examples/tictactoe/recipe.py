@@ -1,15 +1,23 @@
 """The tic-tac-toe recipe end to end: teacher data, filter, SFT, RL, evaluation, a before/after table.
 
     python examples/tictactoe/recipe.py demo                 # the talk in miniature (./dev demo)
-    python examples/tictactoe/recipe.py tiny --rl            # the tiny model's full recipe
-    python examples/tictactoe/recipe.py smollm2 --games 20   # SmolLM2-135M-Instruct, full fine-tuning
-    python examples/tictactoe/recipe.py smollm2 --games 20 --lora
+    python examples/tictactoe/recipe.py tiny                 # the full run of the tiny model (resumable)
+    python examples/tictactoe/recipe.py smollm2 --games 20   # SmolLM2-135M-Instruct: teacher data, SFT, eval
+    python examples/tictactoe/recipe.py smollm2 --rl         # ... then RL (LoRA; the long run is a GPU's)
 
 Every stage is a ``palaestra`` command (printed before it runs, with its wall-clock time and the
-machine's load after it), so each can be rerun by hand. Evaluation follows the environment's
-protocol: games against the random and the optimal opponent, one rollout each, the
-environment's own sampling (temperature 1), replies capped at 64 tokens. ``demo`` is the tiny
-recipe with every stage: the model before SFT, after SFT and after RL.
+machine's load after it), so each can be rerun by hand. ``tiny`` and ``smollm2`` keep what they
+have done: run the same command again after an interruption and it skips the finished stages and
+resumes an interrupted training run from its last checkpoint. ``demo`` starts from nothing.
+
+Evaluation is the environment's protocol: whole games against the random and against the optimal
+opponent, one rollout each, the environment's own sampling (temperature 1), every model on the
+same games (dataset seed 0; the teacher's games use seed 1 and RL's seed 5). The RL runs'
+held-out sets are these very games, so their curves end at the table's numbers, and the table's
+"after SFT" and "after RL" rows are read from them (the first run's evaluation before its first
+step, the last run's after its last) instead of being played a second time. The models that
+need no training (the teacher, the model before SFT) are evaluated while RL trains. The table
+gives 95% intervals (Wilson) for the headline rates and for each change (Newcombe).
 """
 
 from __future__ import annotations
@@ -22,78 +30,177 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+from palaestra.eval.stats import Rate, change
+
 HERE = Path(__file__).parent
-TEACHER = "scripted:tictactoe:heuristic_player"
+TEACHER = "scripted:tictactoe:teacher_player"  # names the optimal cells; plays at random 20% of the time
 KEEP = ["won == 1 or drew == 1", "format_reward == 1", "invalid_moves == 0"]  # the teacher games to imitate
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one recipe runs: how many teacher games, which configs, how many protocol games."""
+
+    teacher_games: int
+    sft: str  # config file in this folder
+    rl: list[str]  # RL stages, each from the previous one's final checkpoint
+    games: int  # protocol games per opponent
+    max_tokens: int  # per reply, in evaluation (the RL configs sample with the same cap)
+    sft_args: tuple[str, ...] = ()
+    rl_args: tuple[str, ...] = ()
+
+
+PLANS = {
+    "demo": Plan(
+        8000,
+        "tiny.toml",
+        ["tiny-rl.toml"],
+        200,
+        48,
+        sft_args=("--train.steps", "600"),
+        rl_args=("--train.steps", "60", "--eval.every", "0", "--output.save_every", "60"),
+    ),
+    "tiny": Plan(20000, "tiny.toml", ["tiny-rl.toml"], 200, 48),
+    "smollm2": Plan(300, "smollm2.toml", ["smollm2-rl.toml"], 100, 64),
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=["demo", "tiny", "smollm2"])
-    parser.add_argument("--games", type=int, default=None, help="evaluation games per opponent")
-    parser.add_argument("--teacher-games", type=int, default=None, help="default: 2000 tiny, 300 smollm2")
+    parser.add_argument("recipe", choices=list(PLANS))
+    parser.add_argument("--games", type=int, default=None, help="protocol games per opponent")
+    parser.add_argument("--teacher-games", type=int, default=None)
     parser.add_argument("--lora", action="store_true", help="LoRA instead of full fine-tuning (smollm2)")
-    parser.add_argument("--baseline", action="store_true", help="also evaluate the model before SFT")
-    parser.add_argument("--rl", action="store_true", help="then train with RL from the SFT checkpoint")
+    parser.add_argument("--rl", action="store_true", help="smollm2: also train with RL")
+    parser.add_argument("--no-baseline", action="store_true", help="skip evaluating the model before SFT")
     parser.add_argument("--workdir", type=Path, default=Path("outputs/tictactoe"))
-    parser.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="an SFT config override, e.g. --sft-set train.steps=40 (repeatable)")  # fmt: skip
-    parser.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="an RL config override, e.g. --rl-set optim.lr=3e-4 (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--sft-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an SFT config override, e.g. --sft-set train.steps=40 (repeatable)",
+    )
+    parser.add_argument(
+        "--rl-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an RL config override, e.g. --rl-set optim.lr=3e-4 (repeatable)",
+    )
     args = parser.parse_args()
-    demo = args.model == "demo"
-    model = "tiny" if demo else args.model
-    name = args.model + ("-lora" if args.lora else "")
+    plan = PLANS[args.recipe]
+    name = args.recipe + ("-lora" if args.lora else "")
     work = args.workdir / name
-    if demo and work.exists():  # the demo's own folder: each run starts from nothing
+    if args.recipe == "demo" and work.exists():  # the demo's own folder: each run starts from nothing
         print(f"removing the previous demo run {work}")
         shutil.rmtree(work)
-    games = args.games or 100
-    teacher_games = args.teacher_games or (2000 if model == "tiny" else 300)
+    games = args.games or plan.games
+    teacher_games = args.teacher_games or plan.teacher_games
+    evals = args.workdir / "evals"
     times: dict[str, float] = {}
 
     start = time.perf_counter()
     teacher = args.workdir / f"teacher-{teacher_games}-won-drew"
     if not teacher.exists():
         env_args = json.dumps({"num_examples": teacher_games, "seed": 1})  # evaluation games use seed 0
-        out = palaestra("eval", "tictactoe", "-m", TEACHER, "-a", env_args, "-n", teacher_games, "-r", 1,
-                        "--quiet", "-o", args.workdir / "outputs", echo=False)  # fmt: skip
+        out = palaestra(
+            "eval",
+            "tictactoe",
+            "-m",
+            TEACHER,
+            "-a",
+            env_args,
+            "-n",
+            teacher_games,
+            "-r",
+            1,
+            "--quiet",
+            "-o",
+            args.workdir / "teacher",
+            echo=False,
+        )
         where = [a for condition in KEEP for a in ("-w", condition)]
         palaestra("data", "filter", saved_run(out), *where, "-o", teacher)
     times["teacher data"] = time.perf_counter() - start
 
     start = time.perf_counter()
     extra = ["--lora.enabled=true", "--optim.lr=1e-3"] if args.lora else []
-    palaestra("train", "sft", HERE / f"{model}.toml", "--data.path", teacher, "--output.dir", work / "sft",
-              "--quiet", *extra, *(f"--{o}" for o in args.sft_set))  # fmt: skip
+    train(
+        "sft",
+        HERE / plan.sft,
+        work / "sft",
+        "--data.path",
+        teacher,
+        *plan.sft_args,
+        *extra,
+        *(f"--{o}" for o in args.sft_set),
+    )
     times["SFT"] = time.perf_counter() - start
 
-    models: dict[str, Path | str] = {}
-    if args.baseline or demo:
-        models["before SFT"] = work / "sft" / "base-model" if model == "tiny" else "smollm2"
-    models["after SFT"] = work / "sft" / "final"
-    if args.rl or demo:
-        start = time.perf_counter()
-        palaestra("train", "rl", HERE / f"{model}-rl.toml", "--model.path", work / "sft" / "final",
-                  "--output.dir", work / "rl", "--quiet", *(f"--{o}" for o in args.rl_set))  # fmt: skip
-        times["RL"] = time.perf_counter() - start
-        models["after RL"] = work / "rl" / "final"
-
+    models: dict[str, Path | str] = {"teacher": TEACHER}
+    if not args.no_baseline:
+        models["before SFT"] = work / "sft" / "base-model" if args.recipe != "smollm2" else "smollm2"
     start = time.perf_counter()
-    rows = []
-    for label, path in models.items():
-        for opponent in ("random", "optimal"):
-            rows.append((label, opponent, evaluate(path, opponent, games, args.workdir / "outputs")))
-    times["evaluation"] = time.perf_counter() - start
-    print_table(name, rows, games)
-    print("\ntime per stage: " + ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in times.items())
-          + f"; total {sum(times.values()) / 60:.1f} min")  # fmt: skip
-    if args.rl or demo:
+    with ThreadPoolExecutor(1) as pool:  # one more process: the models that need no training
+        untrained: dict[str, Future[dict[str, dict[str, float]]]] = {
+            label: pool.submit(evaluate_both, model, games, plan.max_tokens, evals)
+            for label, model in models.items()
+        }
+        results: dict[str, dict[str, dict[str, float]]] = {}
+        if args.recipe != "smollm2" or args.rl:
+            runs = []
+            previous = work / "sft" / "final"
+            for i, config in enumerate(plan.rl, 1):
+                run = work / (f"rl-{i}" if len(plan.rl) > 1 else "rl")
+                train(
+                    "rl",
+                    HERE / config,
+                    run,
+                    "--model.path",
+                    previous,
+                    *plan.rl_args,
+                    *(f"--{o}" for o in args.rl_set),
+                )
+                runs.append(run)
+                previous = run / "final"
+            results["after SFT"] = held_out(runs[0], first=True)
+            results["after RL"] = held_out(runs[-1], first=False)
+            times["RL"] = time.perf_counter() - start
+        else:
+            results["after SFT"] = evaluate_both(work / "sft" / "final", games, plan.max_tokens, evals)
+            times["evaluation"] = time.perf_counter() - start
+        start = time.perf_counter()
+        results = {label: future.result() for label, future in untrained.items()} | results
+        times["waiting for the other evaluations"] = time.perf_counter() - start
+    print_table(name, results, games)
+    print(
+        "\ntime per stage: "
+        + ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in times.items())
+        + f"; total {sum(times.values()) / 60:.1f} min"
+    )
+    if "after RL" in results:
+        rl_dirs = " ".join(str(p) for p in sorted(work.glob("rl*")))
         print(
-            f"RL curves: {work / 'rl' / 'curves.html'}; read the games: palaestra report {work / 'rl' / 'samples'}/step-*"
+            f"RL curves: palaestra train curves {rl_dirs}; read the games: palaestra report {work}/rl*/samples/step-*"
         )
+
+
+def train(kind: str, config: Path, run: Path, *overrides: object) -> None:
+    """``palaestra train KIND``, or its ``--resume`` if an earlier run stopped part way; nothing if done."""
+    if (run / "final").exists():
+        print(f"\n{kind}: {run} is done (its final checkpoint is there)")
+        return
+    if (run / "checkpoints").exists() and any((run / "checkpoints").glob("step-*[0-9]")):
+        palaestra("train", kind, "--resume", run, "--quiet")
+        return
+    if run.exists():  # started but stopped before its first checkpoint: start it again
+        shutil.rmtree(run)
+    palaestra("train", kind, config, "--output.dir", run, "--quiet", *overrides)
 
 
 def palaestra(*argv: object, echo: bool = True) -> str:
@@ -121,27 +228,95 @@ def saved_run(stdout: str) -> Path:
     )
 
 
-def evaluate(model: Path | str, opponent: str, games: int, output_dir: Path) -> dict[str, float]:
-    """The protocol's evaluation against ``opponent``; the summary's means by metric name."""
-    out = palaestra("eval", "tictactoe", "-m", model, "-a", json.dumps({"opponent": opponent}), "-n", games,
-                    "-r", 1, "-t", 64, "-c", games, "--quiet", "-o", output_dir, echo=False)  # fmt: skip
-    metadata = json.loads((saved_run(out) / "metadata.json").read_text())
-    return {name: value["mean"] for name, value in metadata["summary"]["metrics"].items()}
-
-
-def print_table(name: str, rows: list[tuple[str, str, dict[str, float]]], games: int) -> None:
-    print(f"\n{name}: {games} games per opponent; W/D/L/unfinished in % of games; "
-          "legal replies = 1 - invalid moves / replies")  # fmt: skip
-    print(
-        "| model | opponent | W / D / L / unfinished | format | legal replies | games with an invalid move |"
+def evaluate(
+    model: Path | str, opponent: str, games: int, max_tokens: int, output_dir: Path
+) -> dict[str, float]:
+    """The protocol against ``opponent``: the summary's means by metric name, and ``n``."""
+    env_args = json.dumps({"opponent": opponent, "num_examples": games})
+    out = palaestra(
+        "eval",
+        "tictactoe",
+        "-m",
+        model,
+        "-a",
+        env_args,
+        "-n",
+        games,
+        "-r",
+        1,
+        "-t",
+        max_tokens,
+        "-c",
+        games,
+        "--quiet",
+        "-o",
+        output_dir,
+        echo=False,
     )
-    print("|---|---|---|---|---|---|")
-    for label, opponent, m in rows:
-        wdl = " / ".join(f"{100 * m[k]:.0f}" for k in ("won", "drew", "lost", "unfinished"))
-        legal = 1 - m["invalid_moves"] / m["turns"]
-        print(
-            f"| {label} | {opponent} | {wdl} | {m['format_reward']:.2f} | {legal:.0%} | {m['had_invalid_move']:.0%} |"
+    return summary(saved_run(out))
+
+
+def evaluate_both(
+    model: Path | str, games: int, max_tokens: int, output_dir: Path
+) -> dict[str, dict[str, float]]:
+    return {
+        opponent: evaluate(model, opponent, games, max_tokens, output_dir)
+        for opponent in ("random", "optimal")
+    }
+
+
+def held_out(run: Path, *, first: bool) -> dict[str, dict[str, float]]:
+    """An RL run's protocol evaluation before its first step or after its last, as ``evaluate``'s."""
+    steps = sorted((run / "evals").glob("step-*[0-9]"))
+    if not steps:
+        raise SystemExit(f"{run} has no held-out evaluations (its config's [eval] sets)")
+    folder = steps[0] if first else steps[-1]
+    return {opponent: summary(folder / opponent) for opponent in ("random", "optimal")}
+
+
+def summary(saved: Path) -> dict[str, float]:
+    """A saved evaluation's metric means by name, and ``n`` (the games it saved)."""
+    metadata = json.loads((saved / "metadata.json").read_text())
+    means = {name: value["mean"] for name, value in metadata["summary"]["metrics"].items()}
+    return {**means, "n": float(metadata["counts"]["saved"])}
+
+
+def rate(m: dict[str, float], key: str) -> Rate:
+    return Rate(round(m[key] * m["n"]), int(m["n"]))
+
+
+def print_table(name: str, results: dict[str, dict[str, dict[str, float]]], games: int) -> None:
+    print(
+        f"\n{name}: {games} games per opponent, whole games, temperature 1; W / D / L / unfinished in % "
+        "of games; [95% intervals]; legal replies = 1 - invalid moves / replies"
+    )
+    print(
+        "| model | vs random W / D / L / U | wins vs random | vs optimal W / D / L / U | draws vs optimal "
+        "| legal replies | games with an invalid move |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for label, by in results.items():
+        r, o = by["random"], by["optimal"]
+        wdl = [" / ".join(f"{100 * m[k]:.0f}" for k in ("won", "drew", "lost", "unfinished")) for m in (r, o)]
+        legal = 1 - (r["invalid_moves"] * r["n"] + o["invalid_moves"] * o["n"]) / (
+            r["turns"] * r["n"] + o["turns"] * o["n"]
         )
+        invalid = (r["had_invalid_move"] + o["had_invalid_move"]) / 2
+        print(
+            f"| {label} | {wdl[0]} | {rate(r, 'won')} | {wdl[1]} | {rate(o, 'drew')} | {legal:.1%} | {invalid:.1%} |"
+        )
+    pairs = [
+        ("after RL", "after SFT"),
+        ("after RL", "teacher"),
+        ("after SFT", "before SFT"),
+    ]
+    for after, before in pairs:
+        if after in results and before in results:
+            a, b = results[after], results[before]
+            print(
+                f"- {after} vs {before}: draws vs optimal {change(rate(a['optimal'], 'drew'), rate(b['optimal'], 'drew'))}; "
+                f"wins vs random {change(rate(a['random'], 'won'), rate(b['random'], 'won'))}"
+            )
 
 
 if __name__ == "__main__":

@@ -43,6 +43,29 @@ def test_noisy_player_mixes_random_and_optimal_moves() -> None:
             ttt.noisy(p)
 
 
+def test_the_candidates_teacher_plays_as_noisy_and_names_what_it_plays() -> None:
+    boards = ["O........", "X...O...O", "XO..O....", EMPTY_BOARD, "XX.OO...."]
+    for board in boards:
+        best = optimal_moves(board, "X")
+        for seed in range(200):
+            move = ttt.candidates(0.2)(board, "X", random.Random(seed))
+            # the same moves as noisy(0.2) for the same rng: only the think differs
+            assert move.cell == ttt.noisy(0.2)(board, "X", random.Random(seed)).cell
+            named = ", ".join(map(str, best))
+            assert move.reason in (
+                f"Best: {named}. I play {move.cell}.",
+                f"Best: {named}. I play {move.cell} at random.",
+            )
+            if not move.reason.endswith("at random."):
+                assert move.cell in best
+    reply = ttt.teacher_player(
+        [{"role": "user", "content": turn_message("The opponent played 0.", "O........")}], random.Random(0)
+    )
+    assert FORMAT.parse_answer(reply) in {str(c) for c in range(9)}
+    with pytest.raises(ValueError, match="random_move_prob must be a number in"):
+        ttt.candidates(1.5)
+
+
 def test_heuristic_wins_before_it_blocks_and_blocks_when_it_must() -> None:
     rng = random.Random(0)
     assert ttt.heuristic_move("XX.OO....", "X", rng).cell == 2  # its own win first

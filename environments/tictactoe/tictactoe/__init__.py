@@ -1,7 +1,7 @@
 """Tic-tac-toe: the reference environment of the talk that started palaestra, "Let LLMs Wander".
 
-``load_environment`` builds it; ``random_player``, ``optimal_player``, ``heuristic_player`` and
-``noisy_player(p)`` are scripted "models" for ``ScriptedClient`` or the CLI
+``load_environment`` builds it; ``random_player``, ``optimal_player``, ``heuristic_player``,
+``teacher_player`` (the recipe's teacher), ``noisy_player(p)`` and ``candidates_player(p)`` are scripted "models" for ``ScriptedClient`` or the CLI
 (``-m scripted:tictactoe:optimal_player``).
 """
 
@@ -9,6 +9,8 @@ from tictactoe.env import TicTacToeEnv, load_environment, make_dataset, opponent
 from tictactoe.game import EMPTY_BOARD, free_cells, parse_board, play, render, winner
 from tictactoe.players import (
     Move,
+    candidates,
+    candidates_player,
     heuristic_move,
     heuristic_player,
     noisy,
@@ -18,13 +20,14 @@ from tictactoe.players import (
     random_move,
     random_player,
     scripted,
+    teacher_player,
 )
 from tictactoe.protocol import read_move
 from tictactoe.solver import optimal_moves, value
 
 __all__ = [
-    "EMPTY_BOARD", "Move", "TicTacToeEnv", "free_cells", "heuristic_move", "heuristic_player",
+    "EMPTY_BOARD", "Move", "TicTacToeEnv", "candidates", "candidates_player", "free_cells", "heuristic_move", "heuristic_player",
     "load_environment", "make_dataset", "noisy", "noisy_player", "opponent_move", "optimal_move",
     "optimal_moves", "optimal_player", "parse_board", "play", "random_move", "random_player",
-    "read_move", "render", "scripted", "value", "winner",
+    "read_move", "render", "scripted", "teacher_player", "value", "winner",
 ]  # fmt: skip
