@@ -60,6 +60,7 @@ async def test_each_bad_request_is_one_4xx_and_the_episode_plays_on() -> None:
             "unknown episode": ("POST", "/step", {"json": {"episode_id": "x", "action": {"content": "a"}}},
                                 404, "unknown_episode"),
             "state without id": ("GET", "/state", {}, 400, "invalid_request"),
+            "step without id": ("POST", "/step", {"json": {"action": {"content": "a"}}}, 400, "invalid_request"),
             "unknown route": ("GET", "/nowhere", {}, 404, "not_found"),
             "wrong method": ("GET", "/step", {}, 405, "method_not_allowed"),
             "body too large": ("POST", "/reset", {"data": b" " * 20_000}, 413, "body_too_large"),

@@ -48,6 +48,8 @@ def episode_id(body: dict[str, Any], *, required: bool = True) -> str | None:
     value = body.get("episode_id")
     if value is None and not required:
         return None
+    if value is None:
+        raise bad("'episode_id' is missing: this server runs many episodes; send the id /reset answered")
     if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_LENGTH:
         raise bad(f"'episode_id' must be a string of 1 to {MAX_ID_LENGTH} characters, not {value!r:.50}")
     return value
