@@ -77,7 +77,8 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     """``pa.LocalClient`` and ``pa.MCPEnv`` are imported on first use: they need extras (``local``:
-    torch and transformers; ``mcp``: the MCP SDK, imported only when an ``MCPEnv`` is built)."""
+    torch and transformers; ``mcp``: the MCP SDK, imported only when an ``MCPEnv`` is built);
+    ``pa.RemoteEnvironment`` too, so that ``import palaestra`` stays light."""
     if name in ("LocalClient", "LocalStats"):
         from palaestra.clients import local
 
@@ -86,4 +87,8 @@ def __getattr__(name: str) -> object:
         from palaestra.envs import mcp
 
         return getattr(mcp, name)
+    if name in ("RemoteEnvironment", "RemoteEnvironmentError"):
+        from palaestra.interop import remote
+
+        return getattr(remote, name)
     raise AttributeError(f"module 'palaestra' has no attribute {name!r}")

@@ -6,6 +6,7 @@ module of that name that imports ``verifiers``) and run through ``palaestra.comp
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import tomllib
@@ -36,7 +37,16 @@ def installed_environments() -> dict[str, EntryPoint]:
 
 
 def load_environment(name: str, **kwargs: Any) -> Environment:
-    """Build the environment ``name`` with ``load_environment(**kwargs)`` from its package."""
+    """Build the environment ``name`` with ``load_environment(**kwargs)`` from its package.
+
+    A name that is an ``http://`` or ``https://`` URL is an environment server's
+    (``palaestra env serve``): a ``RemoteEnvironment`` of it, ``kwargs`` its options.
+    """
+    if name.startswith(("http://", "https://")):
+        from palaestra.interop.remote import RemoteEnvironment
+
+        check_arguments(name, functools.partial(RemoteEnvironment, name), kwargs)
+        return RemoteEnvironment(name, **kwargs)
     found = installed_environments()
     ep = found.get(_normalize(name))
     if ep is None and _verifiers_package(name):  # a package written for verifiers 0.1.x

@@ -28,6 +28,7 @@ from palaestra.cli.common import (
     parse_json_object,
 )
 from palaestra.cli.data import add_data_parser
+from palaestra.cli.env import add_env_parser
 from palaestra.cli.eval import Stopped, add_eval_arguments, cmd_eval
 from palaestra.cli.hub import add_hub_parser, list_hub
 from palaestra.cli.train import add_train_parser
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_parser(sub)
     add_hub_parser(sub)
+    add_env_parser(sub)
 
     envs = sub.add_parser("envs", help="list installed environments (or, with --hub, a hub's)")
     envs.add_argument(
