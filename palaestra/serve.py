@@ -227,13 +227,30 @@ def base_url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
 
 
+ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tfs'  # client, request line, status, bytes, seconds: never a header
+
+
+def access_logger() -> logging.Logger:
+    """``palaestra.serve.access``: one line per request on stderr (``--access-log``)."""
+    logger = logging.getLogger("palaestra.serve.access")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
 async def start(
-    app: web.Application, host: str, port: int, *, grace: float = 2.0
+    app: web.Application, host: str, port: int, *, grace: float = 2.0, access_log: bool = False
 ) -> tuple[web.AppRunner, str]:
-    """Bind and serve ``app`` from this event loop; returns the runner (``cleanup()`` stops it) and URL."""
+    """Bind and serve ``app`` from this event loop; returns the runner (``cleanup()`` stops it) and URL.
+    ``access_log``: a line per request to ``access_logger()``."""
     sock = bind(host, port)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
-                           shutdown_timeout=grace)  # fmt: skip
+    runner = web.AppRunner(app, access_log=access_logger() if access_log else None,
+                           access_log_format=ACCESS_LOG_FORMAT, handle_signals=False,
+                           handler_cancellation=True, shutdown_timeout=grace)  # fmt: skip
     await runner.setup()
     try:
         await web.SockSite(runner, sock).start()
@@ -251,6 +268,7 @@ async def running(
     host: str = "127.0.0.1",
     port: int = 0,
     api_key: str | None = None,
+    access_log: bool = False,
 ) -> AsyncIterator[str]:
     """Serve ``client`` from this event loop while the block runs (port 0: a free port).
 
@@ -258,7 +276,7 @@ async def running(
     2 s to finish.
     """
     app = create_app(client, model_names=[model_name] if model_name else None, api_key=api_key)
-    runner, url = await start(app, host, port)
+    runner, url = await start(app, host, port, access_log=access_log)
     try:
         yield url
     finally:
@@ -275,6 +293,7 @@ def serve(
     api_key: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     weights_from: str | None = None,
+    access_log: bool = False,
 ) -> None:
     """Serve ``client`` until SIGINT/SIGTERM, printing ``serving MODEL at URL`` once listening.
 
@@ -295,7 +314,7 @@ def serve(
             signal.SIGTERM,
         ):  # before the address is printed: a stop from then on is clean
             loop.add_signal_handler(sig, stop.set)
-        runner, url = await start(app, host, port)
+        runner, url = await start(app, host, port, access_log=access_log)
         also = f" (also as {', '.join(names[1:])})" if len(names) > 1 else ""
         key = "; requests need the API key" if api_key else ""
         print(f"serving {names[0]}{also} at {url}{key}", flush=True)

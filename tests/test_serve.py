@@ -472,3 +472,39 @@ async def test_a_streaming_client_streams_live_and_a_disconnect_cancels_it() -> 
                 break
             await asyncio.sleep(0.01)
         assert streamer.ended == ["done", "cancelled"]  # well before its 40 words (0.8 s) were made
+
+
+@pytest.mark.asyncio
+async def test_the_access_log_has_a_line_per_request_and_no_header(recorder: Recorder) -> None:
+    import logging
+
+    from palaestra.serve import access_logger
+
+    lines: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Lines()
+    access_logger().addHandler(handler)
+    try:
+        async with (
+            running(pa.ScriptedClient(recorder, model=MODEL), api_key="s3cret", access_log=True) as url,
+            aiohttp.ClientSession(headers={"Authorization": "Bearer s3cret"}) as session,
+        ):
+            async with session.get(f"{url}/models") as resp:
+                assert resp.status == 200
+            async with session.get(f"{url}/nowhere") as resp:
+                assert resp.status == 404
+        async with (
+            running(pa.ScriptedClient(recorder, model=MODEL)) as url,
+            aiohttp.ClientSession() as session,
+        ):
+            async with session.get(f"{url}/models") as resp:  # no access_log: no line
+                assert resp.status == 200
+    finally:
+        access_logger().removeHandler(handler)
+    assert len(lines) == 2, lines
+    assert '"GET /v1/models HTTP/1.1" 200' in lines[0] and '"GET /v1/nowhere HTTP/1.1" 404' in lines[1]
+    assert all(line.startswith("127.0.0.1 ") and "s3cret" not in line for line in lines)

@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body accepted (16)")
     serve.add_argument(
+        "--access-log", action="store_true",
+        help="a line per request on stderr: client, request line, status, bytes, seconds (no headers)",
+    )  # fmt: skip
+    serve.add_argument(
         "--enable-weight-sync", action="store_true",
         help="accept the weight-sync requests of an RL trainer (vLLM's load_lora_adapter, "
         "unload_lora_adapter, collective_rpc reload_weights, reset_prefix_cache); MODEL must be a folder",
@@ -221,7 +225,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     client = load_local(args.model.removeprefix(LOCAL_PREFIX), max_batch_size=args.max_batch_size)
     names = [args.model, *args.served_model_name]
     serve(client, host=args.host, port=args.port, model_names=names, api_key=api_key,
-          max_body_bytes=int(args.max_body_mb * 1024 * 1024), weights_from=weights_from)  # fmt: skip
+          max_body_bytes=int(args.max_body_mb * 1024 * 1024), weights_from=weights_from,
+          access_log=args.access_log)  # fmt: skip
     return 0
 
 
