@@ -118,6 +118,10 @@ def test_a_run_logs_evaluates_samples_checkpoints_and_resumes(
     # the batch's sample and the held-out evaluations are saved runs that load
     sample = pa.load_run(run_dir / "samples" / "step-000002")
     assert len(sample.rollouts) == 4 and all(r.turns[0].token_ids for r in sample.rollouts)
+    # its header says which policy sampled it, how many groups it holds and when its step ran
+    header = sample.metadata
+    assert header.model.endswith("@ policy version 1") and header.spec.num_examples == 1
+    assert header.started_at and header.finished_at and header.started_at <= header.finished_at
     held_out = pa.load_run(run_dir / "evals" / "step-000002" / "held-out")
     assert len(held_out.rollouts) == 4 and held_out.metadata.env_args == {"num_examples": 4, "seed": 100}
     assert (run_dir / "final").resolve().name == "step-000002" and (run_dir / "curves.html").is_file()

@@ -206,7 +206,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
 
             # -- the loop ---------------------------------------------------------------------------
             for step in range(start, config.train.steps):
-                t0 = time.perf_counter()
+                t0, started = time.perf_counter(), time.gmtime()
                 async with sampler_failures(step + 1, sampler, last_saved):
                     batch, waited = await batches.take(step)  # sampled by policy version batch.version
                     await check_batch(batch.rollouts, step + 1, sampler, last_saved)
@@ -253,8 +253,9 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                 if every and ((step + 1) % every == 0 or done):
                     keep = config.output.sample_groups * config.train.rollouts_per_example
                     name = f"step-{step + 1:06d}"
-                    _save_run(run_dir / "samples" / name, rollouts[:keep],
-                              _sample_metadata(rollouts[:keep], config, step_spec(step), name))  # fmt: skip
+                    header = _sample_metadata(rollouts[:keep], config, step_spec(step), name,
+                                              version=batch.version, started=started)  # fmt: skip
+                    _save_run(run_dir / "samples" / name, rollouts[:keep], header)
                 if done or (config.output.save_every and (step + 1) % config.output.save_every == 0):
                     last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
                                                       optimizer=optimizer, scheduler=scheduler, extra={})  # fmt: skip
@@ -369,12 +370,19 @@ async def _evaluate(
     return out
 
 
-def _sample_metadata(rollouts: list[Rollout], config: RLConfig, spec: RunSpec, run_id: str) -> RunMetadata:
+def _sample_metadata(rollouts: list[Rollout], config: RLConfig, spec: RunSpec, run_id: str, *, version: int,
+                     started: time.struct_time) -> RunMetadata:  # fmt: skip
+    """A saved sample's header: the policy version that sampled it, its groups, and when its step ran."""
     from palaestra.eval.summary import summarize
 
-    return RunMetadata(env_id=config.env.id, model="policy", spec=spec, env_args=config.env.args, run_id=run_id,
-                       status="complete", counts={"expected": len(rollouts), "saved": len(rollouts),
-                                                  "errors": sum(r.error is not None for r in rollouts)},
+    groups = len({r.example_id for r in rollouts})
+    model = f"{config.model.path or 'tiny model'} @ policy version {version}"
+    stamp = "%Y-%m-%dT%H:%M:%SZ"
+    return RunMetadata(env_id=config.env.id, model=model, spec=dataclasses.replace(spec, num_examples=groups),
+                       env_args=config.env.args, run_id=run_id, status="complete",
+                       started_at=time.strftime(stamp, started), finished_at=time.strftime(stamp, time.gmtime()),
+                       counts={"expected": len(rollouts), "saved": len(rollouts),
+                               "errors": sum(r.error is not None for r in rollouts)},
                        summary=summarize(rollouts, rollouts_per_example=spec.rollouts_per_example))  # fmt: skip
 
 
