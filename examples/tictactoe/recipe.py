@@ -16,7 +16,7 @@ same games (dataset seed 0; the teacher's games use seed 1 and RL's seed 5). The
 held-out sets are these very games, so their curves end at the table's numbers, and the table's
 "after SFT" and "after RL" rows are read from them (the first run's evaluation before its first
 step, the last run's after its last) instead of being played a second time. The models that
-need no training (the teacher, the model before SFT) are evaluated while RL trains. The table
+need no training (the teacher, the model before SFT) are evaluated while SFT and RL train. The table
 gives 95% intervals (Wilson) for the headline rates and for each change (Newcombe).
 """
 
@@ -29,8 +29,9 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +63,7 @@ PLANS = {
         200,
         48,
         sft_args=("--train.steps", "600"),
-        rl_args=("--train.steps", "60", "--eval.every", "0", "--output.save_every", "60"),
+        rl_args=("--train.steps", "50", "--eval.every", "0", "--output.save_every", "50"),
     ),
     "tiny": Plan(20000, "tiny.toml", ["tiny-rl.toml"], 200, 48),
     "smollm2": Plan(300, "smollm2.toml", ["smollm2-rl.toml"], 100, 64),
@@ -128,44 +129,64 @@ def main() -> None:
         palaestra("data", "filter", saved_run(out), *where, "-o", teacher)
     times["teacher data"] = time.perf_counter() - start
 
-    start = time.perf_counter()
-    extra = ["--lora.enabled=true", "--optim.lr=1e-3"] if args.lora else []
-    train(
-        "sft",
-        HERE / plan.sft,
-        work / "sft",
-        "--data.path",
-        teacher,
-        *plan.sft_args,
-        *extra,
-        *(f"--{o}" for o in args.sft_set),
-    )
-    times["SFT"] = time.perf_counter() - start
-
     models: dict[str, Path | str] = {"teacher": TEACHER}
     if not args.no_baseline:
         models["before SFT"] = work / "sft" / "base-model" if args.recipe != "smollm2" else "smollm2"
+    sft_over, failed = threading.Event(), threading.Event()
+
+    def evaluate_untrained() -> dict[str, dict[str, dict[str, float]]]:
+        """The models that need no training, in one more process beside SFT and RL: from the moment
+        the SFT run has saved its base model (its first metrics line is written after it)."""
+        while not (work / "sft" / "metrics.jsonl").exists() and not sft_over.is_set():
+            time.sleep(1)
+        done = {}
+        for label, model in models.items():
+            if failed.is_set():  # a stage failed: the recipe stops, so do these
+                break
+            done[label] = evaluate_both(model, games, plan.max_tokens, evals)
+        return done
+
     start = time.perf_counter()
-    with ThreadPoolExecutor(1) as pool:  # one more process: the models that need no training
-        untrained: dict[str, Future[dict[str, dict[str, float]]]] = {
-            label: pool.submit(evaluate_both, model, games, plan.max_tokens, evals)
-            for label, model in models.items()
-        }
+    extra = ["--lora.enabled=true", "--optim.lr=1e-3"] if args.lora else []
+    with ThreadPoolExecutor(1) as pool:
+        untrained = pool.submit(evaluate_untrained)
+        try:
+            train(
+                "sft",
+                HERE / plan.sft,
+                work / "sft",
+                "--data.path",
+                teacher,
+                *plan.sft_args,
+                *extra,
+                *(f"--{o}" for o in args.sft_set),
+            )
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            sft_over.set()
+        times["SFT"] = time.perf_counter() - start
+        start = time.perf_counter()
         results: dict[str, dict[str, dict[str, float]]] = {}
         if args.recipe != "smollm2" or args.rl:
             runs = []
             previous = work / "sft" / "final"
             for i, config in enumerate(plan.rl, 1):
                 run = work / (f"rl-{i}" if len(plan.rl) > 1 else "rl")
-                train(
-                    "rl",
-                    HERE / config,
-                    run,
-                    "--model.path",
-                    previous,
-                    *plan.rl_args,
-                    *(f"--{o}" for o in args.rl_set),
-                )
+                try:
+                    train(
+                        "rl",
+                        HERE / config,
+                        run,
+                        "--model.path",
+                        previous,
+                        *plan.rl_args,
+                        *(f"--{o}" for o in args.rl_set),
+                    )
+                except BaseException:
+                    failed.set()
+                    raise
                 runs.append(run)
                 previous = run / "final"
             results["after SFT"] = held_out(runs[0], first=True)
@@ -175,7 +196,7 @@ def main() -> None:
             results["after SFT"] = evaluate_both(work / "sft" / "final", games, plan.max_tokens, evals)
             times["evaluation"] = time.perf_counter() - start
         start = time.perf_counter()
-        results = {label: future.result() for label, future in untrained.items()} | results
+        results = untrained.result() | results
         times["waiting for the other evaluations"] = time.perf_counter() - start
     print_table(name, results, games)
     print(
@@ -210,7 +231,10 @@ def palaestra(*argv: object, echo: bool = True) -> str:
     command = [sys.executable, "-m", "palaestra.cli", *map(str, argv)]
     print("\n$ palaestra " + shlex.join(command[3:]), flush=True)
     start = time.perf_counter()
-    done = subprocess.run(command, stdout=None if echo else subprocess.PIPE, text=True)
+    # one torch thread per process unless told otherwise: the evaluations run beside training,
+    # and on a small machine two processes of two threads each run many times slower than one
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    done = subprocess.run(command, stdout=None if echo else subprocess.PIPE, text=True, env=env)
     out = done.stdout or ""
     print("".join(line for line in out.splitlines(keepends=True) if line.startswith("saved:")), end="")
     if done.returncode:
