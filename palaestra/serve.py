@@ -23,7 +23,7 @@ import hmac
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -260,6 +260,27 @@ async def start(
     return runner, base_url(sock)
 
 
+def serve_until_signal(
+    app: web.Application, host: str, port: int, announce: Callable[[str], str], *, access_log: bool = False
+) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM, printing ``announce(url)`` once it listens. The signals
+    are handled from before that line, so a stop from then on is clean; requests in flight get 2 s."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        runner, url = await start(app, host, port, access_log=access_log)
+        print(announce(url), flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    run_async(main())
+
+
 @contextlib.asynccontextmanager
 async def running(
     client: ModelClient,
@@ -306,21 +327,8 @@ def serve(
         client, model_names=names, api_key=api_key, max_body_bytes=max_body_bytes, weights_from=weights_from
     )
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (
-            signal.SIGINT,
-            signal.SIGTERM,
-        ):  # before the address is printed: a stop from then on is clean
-            loop.add_signal_handler(sig, stop.set)
-        runner, url = await start(app, host, port, access_log=access_log)
-        also = f" (also as {', '.join(names[1:])})" if len(names) > 1 else ""
-        key = "; requests need the API key" if api_key else ""
-        print(f"serving {names[0]}{also} at {url}{key}", flush=True)
-        try:
-            await stop.wait()
-        finally:
-            await runner.cleanup()
-
-    run_async(main())
+    also = f" (also as {', '.join(names[1:])})" if len(names) > 1 else ""
+    key = "; requests need the API key" if api_key else ""
+    serve_until_signal(
+        app, host, port, lambda url: f"serving {names[0]}{also} at {url}{key}", access_log=access_log
+    )

@@ -32,7 +32,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -47,8 +46,7 @@ from palaestra.hub import forms, index, pages
 from palaestra.hub.catalog import Catalog, CatalogError, User
 from palaestra.hub.dist import FRAMEWORK, DistError, DistInfo, inspect_dist, normalize
 from palaestra.hub.results import ResultError, run_record
-from palaestra.runner import run_async
-from palaestra.serve import start
+from palaestra.serve import serve_until_signal
 
 logger = logging.getLogger("palaestra.hub")
 MAX_UPLOAD_BYTES = 100 * 1024 * 1024
@@ -440,17 +438,4 @@ def serve(data_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
     """Serve the hub over ``data_dir`` until SIGINT/SIGTERM; port 0 picks a free port."""
     logging.basicConfig(level=logging.INFO, format="palaestra hub: %(levelname)s: %(message)s")
     app = create_app(HubData(data_dir), max_upload_bytes=max_upload_bytes)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        runner, url = await start(app, host, port)
-        print(f"hub serving {data_dir} at {url.removesuffix('v1')}", flush=True)
-        try:
-            await stop.wait()
-        finally:
-            await runner.cleanup()
-
-    run_async(main())
+    serve_until_signal(app, host, port, lambda url: f"hub serving {data_dir} at {url.removesuffix('v1')}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,8 +29,7 @@ import palaestra
 from palaestra.envs.base import Environment
 from palaestra.interop import wire
 from palaestra.interop.episodes import EpisodeProblem, Episodes
-from palaestra.runner import run_async
-from palaestra.serve import bind
+from palaestra.serve import serve_until_signal, start
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 EPISODES: web.AppKey[Episodes] = web.AppKey("episodes", Episodes)
@@ -218,17 +216,8 @@ async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
 
 async def start_env_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
     """Bind and serve ``app`` from this event loop; returns the runner (``cleanup()`` stops it) and URL."""
-    sock = bind(host, port)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
-                           shutdown_timeout=2.0)  # fmt: skip
-    await runner.setup()
-    try:
-        await web.SockSite(runner, sock).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    host, port = sock.getsockname()[:2]
-    return runner, f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    runner, url = await start(app, host, port)
+    return runner, url.removesuffix("/v1")
 
 
 @contextlib.asynccontextmanager
@@ -249,16 +238,5 @@ def serve_env(
     """Serve ``env`` until SIGINT/SIGTERM, printing ``serving environment NAME at URL`` once listening."""
     app = create_env_app(env, name=name, **options)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        runner, url = await start_env_server(app, host, port)
-        print(f"serving environment {name} ({len(env.examples)} examples) at {url}", flush=True)
-        try:
-            await stop.wait()
-        finally:
-            await runner.cleanup()
-
-    run_async(main())
+    announce = f"serving environment {name} ({len(env.examples)} examples) at {{}}"
+    serve_until_signal(app, host, port, lambda url: announce.format(url.removesuffix("/v1")))
