@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from train_configs import tiny_sft_toml
 
 from palaestra.cli import main
 
@@ -34,32 +35,7 @@ def games(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def config(tmp_path: Path, games: Path) -> Path:
-    path = tmp_path / "sft.toml"
-    path.write_text(f"""
-[data]
-path = "{games}"
-max_length = 256
-
-[model.tiny]
-vocab_size = 300
-hidden_size = 32
-intermediate_size = 64
-num_layers = 1
-max_positions = 256
-
-[optim]
-lr = 1e-3
-
-[train]
-steps = 2
-batch_size = 4
-micro_batch_tokens = 1024
-threads = 1
-
-[output]
-dir = "{tmp_path / "run"}"
-""")
-    return path
+    return tiny_sft_toml(tmp_path / "sft.toml", games, tmp_path / "run", steps=2, batch_size=4, lr=1e-3)
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, str]:

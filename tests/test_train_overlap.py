@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from train_configs import tiny_sft_toml
 
 import palaestra as pa
 from palaestra.cli import main
@@ -26,28 +27,7 @@ def sft_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rollouts = asyncio.run(env.run(pa.ScriptedClient(double_check.stubborn), pa.RunSpec()))
     data = tmp / "teacher.jsonl"
     data.write_text("".join(json.dumps({"messages": r.messages}) + "\n" for r in rollouts))
-    config = tmp / "sft.toml"
-    config.write_text(f"""
-[data]
-path = "{data}"
-max_length = 256
-
-[model.tiny]
-vocab_size = 300
-hidden_size = 32
-intermediate_size = 64
-num_layers = 1
-max_positions = 256
-
-[train]
-steps = 1
-batch_size = 2
-micro_batch_tokens = 1024
-threads = 1
-
-[output]
-dir = "{tmp / "run"}"
-""")
+    config = tiny_sft_toml(tmp / "sft.toml", data, tmp / "run", steps=1, batch_size=2)
     assert main(["train", "sft", str(config), "--quiet"]) == 0
     return tmp / "run"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from train_configs import tiny_sft_toml
 
 from palaestra.cli import main
 from palaestra.train import checkpoint as ckpt
@@ -34,28 +35,15 @@ def games(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def sft_toml(tmp_path: Path, games: Path) -> Path:
-    path = tmp_path / "sft.toml"
-    path.write_text(f"""
-[data]
-path = "{games}"
-max_length = 256
-[model.tiny]
-vocab_size = 300
-hidden_size = 32
-intermediate_size = 64
-num_layers = 1
-max_positions = 256
-[optim]
-lr = 1e-3
-[train]
-steps = 3
-batch_size = 4
-threads = 1
-[output]
-dir = "{tmp_path / "run"}"
-save_every = 1
-""")
-    return path
+    return tiny_sft_toml(
+        tmp_path / "sft.toml",
+        games,
+        tmp_path / "run",
+        steps=3,
+        batch_size=4,
+        lr=1e-3,
+        output="save_every = 1",
+    )
 
 
 def rl_toml(tmp_path: Path, model: Path, out: str = "run") -> Path:
