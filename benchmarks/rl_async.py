@@ -2,11 +2,10 @@
 
     .venv/bin/python benchmarks/rl_async.py [--steps 24] [--skip-local]
 
-The run of ``tests/test_train_rl_learns.py`` at a benchmark's size: a tiny Llama (0.13M parameters)
-warmed up by SFT on the heuristic teacher's won and drawn tic-tac-toe games
-(``examples/tictactoe/tiny.toml``), then RL by ``examples/tictactoe/tiny-rl.toml`` (CISPO, 128
-games a step in groups of 8, games cut at 3 replies, temperature 0.7) for ``--steps`` steps, from
-the same SFT checkpoint and seed, three ways:
+A small tic-tac-toe run: a tiny Llama (0.13M parameters, ``examples/tictactoe/tiny.toml``) warmed
+up by ``--sft-steps`` SFT steps on the heuristic teacher's won and drawn games, then RL by
+``examples/tictactoe/tiny-rl.toml`` (CISPO, 128 games a step in groups of 8, whole games,
+temperature 1) for ``--steps`` steps, from the same SFT checkpoint and seed, three ways:
 
 - ``local``: the in-process sampler (the trained module itself), on-policy;
 - ``remote k=0``: ``palaestra serve --enable-weight-sync`` in a process of its own, on-policy, the
@@ -17,7 +16,7 @@ Every process runs on one thread (the trainer's ``train.threads = 1``, the serve
 ``OMP_NUM_THREADS=1``), so what k = 1 gains is the overlap of the server's sampling with the
 trainer's update on a second core. Reported: each run's wall time (the whole ``train_rl`` call,
 server start included; and its steps alone), k=1 ÷ k=0, the held-out reward (256 games of the
-mixed opponent, seed 1000) before and after, and the mean staleness and mismatch of k=1's batches.
+mixed opponent, seed 1000, cut at 3 replies) before and after, and the mean staleness and mismatch of k=1's batches.
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ def uptime() -> str:
 
 
 def sft_model(work: Path, games: int, steps: int) -> Path:
-    """The SFT start, as tests/test_train_rl_learns.py builds it."""
+    """The SFT start: ``steps`` steps on the won and drawn games of ``games`` heuristic-player games."""
     import tictactoe  # the bundled environment's package (installed by ./dev setup)
 
     import palaestra as pa

@@ -1,74 +1,62 @@
-"""RL must make a model better at the graded game, on this CPU: a tiny model warmed up by SFT on
-the teacher's games, then trained with CISPO on whole games against the random opponent at the
-protocol's temperature, wins at least 3 points more of 200 held-out whole games against the random
-opponent than its SFT start (measured over three clean runs: +6 to +10 points; the 95% interval of
-the smallest, +6 [-2, +15], includes 0, so this is a check that RL moves the graded number, not a
-proof of a significant gain: the recipe's runs give that); and with a learning rate of 0 it plays
-the very same games.
+"""RL must make a model better at the graded game, on this CPU: the recipe's SFT student
+(``fixtures/tictactoe-sft``, see its README), trained with CISPO for 20 steps of 64 whole games
+against the random opponent at the protocol's temperature, wins at least 3 points more of 200
+held-out whole games against the random opponent than it did before, and makes at least a third
+fewer invalid moves there; with a learning rate of 0 it plays the very same games.
 
-The recipe is the tiny one of ``examples/tictactoe`` at a smaller scale (fewer teacher games,
-fewer SFT and RL steps, the random opponent only, where the table's wins are graded).
-Everything is seeded and runs on one thread, but the sampled games vary a little from run to run
-(the local sampler batches the concurrent games as they arrive).
+Measured on this CPU: +13 points of wins with this seed (two runs, identical: when a step's 64
+games are sampled together the run repeats exactly here), +5.5 with RL games of another seed;
++6.6 and +13 after 30 steps of two other seeds on 400 held-out games. Invalid moves per game fell
+from 0.165 to 0.06 in each of those runs. Another machine's floats can send the sampled games
+elsewhere, so the threshold sits under the smallest gain measured, not at its significance.
+
+The start is committed rather than trained here because the student that reads the board takes
+3,000 SFT steps (20 minutes on this CPU); from the weak starts a test can afford to train (400
+steps), RL gained less and traded its format for wins.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
-import palaestra as pa
 from palaestra.eval.stats import Rate, change
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-tictactoe = pytest.importorskip("tictactoe")
+pytest.importorskip("tictactoe")
 
 pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).parents[1] / "examples" / "tictactoe"
+START = Path(__file__).parent / "fixtures" / "tictactoe-sft"
 GAMES = 200  # held-out whole games, the protocol's number
 OPPONENT = "random"
 
 
-def held_out(games: int) -> str:
-    return f"[{{name = 'held-out', args = {{opponent = '{OPPONENT}', num_examples = {games}, seed = 0}}}}]"
-
-
-@pytest.fixture(scope="module")
-def sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The SFT start: 400 steps of 16 on the wins and draws of 6,000 teacher games."""
-    from palaestra.data.rollouts import save_dataset
-    from palaestra.train import SFTConfig, load_config, train_sft
-
-    root = tmp_path_factory.mktemp("rl-learns")
-    env = pa.load_environment("tictactoe", num_examples=6000, seed=1)
-    games = asyncio.run(env.run(pa.ScriptedClient(tictactoe.teacher_player), pa.RunSpec()))
-    kept = [g for g in games if (g.metrics["won"] or g.metrics["drew"]) and not g.metrics["invalid_moves"]]
-    save_dataset(kept, root / "teacher")
-    overrides = {"data.path": str(root / "teacher"), "output.dir": str(root / "sft"), "train.steps": "400"}
-    config = load_config(SFTConfig, EXAMPLES / "tiny.toml", overrides)
-    return train_sft(config, progress=False) / "final"
-
-
-def rl_run(model: Path, out: Path, lr: float, steps: int, games: int = GAMES) -> list[dict[str, float]]:
-    """The recipe's RL config against one opponent; the held-out games before and after."""
+def rl_run(out: Path, lr: float, steps: int, games: int = GAMES) -> list[dict[str, float]]:
+    """The recipe's RL config from the SFT start, 64 games a step against one opponent; the held-out
+    games (the protocol's: dataset seed 0, never trained on) before and after."""
     from palaestra.train import load_config
     from palaestra.train.rl import train_rl
     from palaestra.train.rl_config import RLConfig
 
+    held_out = (
+        f"[{{name = 'held-out', args = {{opponent = '{OPPONENT}', num_examples = {games}, seed = 0}}}}]"
+    )
     overrides = {
-        "model.path": str(model),
+        "model.path": str(START),
         "output.dir": str(out),
         "optim.lr": repr(lr),
         "train.steps": str(steps),
+        "train.batch_size": "64",
+        "train.max_concurrent": "64",
         "env.args": f"{{num_examples = 2000, seed = 5, opponent = '{OPPONENT}', rewards = 'strict'}}",
         "eval.every": "0",
         "eval.num_examples": str(games),
-        "eval.sets": held_out(games),
+        "eval.sets": held_out,
         "output.sample_every": "0",
         "output.save_every": "0",
     }
@@ -82,15 +70,19 @@ def wins(record: dict[str, float]) -> Rate:
     return Rate(round(record["eval/held-out/won"] * GAMES), GAMES)
 
 
-def test_cispo_wins_more_whole_games_than_the_sft_start(sft_model: Path, tmp_path: Path) -> None:
-    records = rl_run(sft_model, tmp_path / "rl", lr=1e-3, steps=16)
+def test_cispo_wins_more_whole_games_than_the_sft_start(tmp_path: Path) -> None:
+    records = rl_run(tmp_path / "rl", lr=1e-3, steps=20)
     before, after = wins(records[0]), wins(records[-1])
     print(f"wins vs {OPPONENT} on {GAMES} whole games: {change(after, before)}")
     assert after.k - before.k >= 0.03 * GAMES, f"no gain: {change(after, before)}"
+    invalid_before, invalid_after = (r["eval/held-out/invalid_moves"] for r in (records[0], records[-1]))
+    assert invalid_after <= invalid_before * 2 / 3, (
+        f"invalid moves per game {invalid_before} -> {invalid_after}"
+    )
 
 
-def test_with_a_learning_rate_of_0_nothing_is_learned(sft_model: Path, tmp_path: Path) -> None:
-    records = rl_run(sft_model, tmp_path / "rl", lr=0.0, steps=1, games=20)
+def test_with_a_learning_rate_of_0_nothing_is_learned(tmp_path: Path) -> None:
+    records = rl_run(tmp_path / "rl", lr=0.0, steps=1, games=20)
     # the same weights play the same seeded held-out games (20 are enough): the very same results
     assert {k: v for k, v in records[-1].items() if k.startswith("eval/")} == {
         k: v for k, v in records[0].items() if k.startswith("eval/")
