@@ -61,6 +61,7 @@ class RunMetadata:
     status: str = "running"
     counts: dict[str, int] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # Environment.run_notes(): a weaker sandbox, say
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object saved as ``metadata.json`` (the spec's fields at the top level)."""
@@ -85,7 +86,7 @@ class RunMetadata:
             spec_data.pop("sampling", None)
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}  # fields of later versions are ignored
-        for key in ("env_args", "rubric", "versions", "counts", "summary"):
+        for key in ("env_args", "rubric", "versions", "counts", "summary", "notes"):
             if values.get(key) is None:
                 values.pop(key, None)
             elif not isinstance(values[key], dict):
