@@ -227,7 +227,7 @@ class ReplSession:
                     {"op": "run", "code": code, "cpu": min(limits.call_cpu_seconds, self._cpu_left())}
                 )
         except TimeoutError:
-            reply, why = None, f"the call ran past its {timeout:g} s of wall time and was killed"
+            reply, why = None, f"the call ran past its {round(timeout, 1):g} s of wall time and was killed"
         except BaseException:  # cancelled mid-call: the worker's state is unknown, so it goes
             await self._lose(worker, time.perf_counter() - start)
             raise
