@@ -203,10 +203,16 @@ class ReplSession:
 
     async def run(self, code: str) -> str:
         """Run ``code``; the text for the model (an ``Error: ...`` when a limit stopped it)."""
+        return (await self.execute(code))[1]
+
+    async def execute(self, code: str) -> tuple[dict[str, Any] | None, str]:
+        """Run ``code``: the worker's reply (None when a limit stopped the call) and the model's text.
+
+        A checker reads the reply (``value`` is the ``repr`` of the last expression)."""
         async with self._lock:
             return await self._run(code)
 
-    async def _run(self, code: str) -> str:
+    async def _run(self, code: str) -> tuple[dict[str, Any] | None, str]:
         limits, stats = self.limits, self.stats
         stats["repl_calls"] += 1
         if self.closed:
@@ -215,7 +221,7 @@ class ReplSession:
         if seconds_left <= 0 or self._cpu_left() < 1:
             stats["repl_errors"] += 1
             used = "wall time" if seconds_left <= 0 else "CPU time"
-            return f"Error: this rollout has used all its {used} for code; no more code runs."
+            return None, f"Error: this rollout has used all its {used} for code; no more code runs."
         timeout = min(limits.call_seconds, seconds_left)
         worker = await self._worker()
         notice = f"[{NEW}]\n" if self.lost else ""
@@ -241,7 +247,7 @@ class ReplSession:
                 why = f"the worker died ({worker.death()})"
             await self._lose(worker, elapsed)
             stats["repl_errors"] += 1
-            return f"{notice}Error: {why}. {LOST}"
+            return None, f"{notice}Error: {why}. {LOST}"
         stats["repl_cpu_seconds"] = self._cpu_done + float(reply.get("cpu") or 0.0)
         if isinstance(reply.get("final"), str):
             self.final = reply["final"]
@@ -251,7 +257,7 @@ class ReplSession:
         if reply.get("restart"):
             await self._lose(worker, 0.0)
             text += f"\n[The call ran out of memory (the limit is {limits.memory_mb} MB). {LOST}]"
-        return text
+        return reply, text
 
     async def _lose(self, worker: PythonWorker, elapsed: float) -> None:
         """Kill ``worker``; its CPU time counts as at most ``elapsed`` more than it last said."""
