@@ -190,6 +190,8 @@ class Sandbox:
         size = str(disk_mb * 2**20)
         out += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp"]
         out += ["--size", size, "--perms", "1777", "--tmpfs", WORKDIR, "--chdir", WORKDIR]
+        if sockets:
+            out += ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", SOCKET_DIR]
         for name, host in sockets.items():
             inside = f"{SOCKET_DIR}/{name}.sock"
             out += ["--bind", host, inside, "--setenv", f"PALAESTRA_SOCKET_{name.upper()}", inside]
