@@ -70,17 +70,19 @@ async def test_code_cannot_read_outside_its_folder(tmp_path: Path) -> None:
 
 async def test_code_cannot_write_outside_its_folder(tmp_path: Path) -> None:
     target = tmp_path / "written"
-    [usr, python, host, own] = await run_all(
-        session(),
+    [usr, python, host, own, big] = await run_all(
+        session(ReplLimits(disk_mb=8)),
         "open('/usr/evil', 'w')",
         f"open({os.path.join(sys.base_prefix, 'evil')!r}, 'w')",
         f"open({str(target)!r}, 'w').write('x')",
         "open('notes.txt', 'w').write('mine'); open('/tmp/t', 'w').write('x'); open('notes.txt').read()",
+        "open('big', 'wb').write(b'x' * (9 * 2**20))",
     )
     assert "Read-only file system" in usr
     assert "Read-only file system" in python or "Permission denied" in python
     assert "FileNotFoundError" in host and not target.exists()
     assert own.endswith("'mine'")
+    assert "No space left on device" in big or "File too large" in big  # disk_mb: the write fails, no kill
 
 
 async def test_code_cannot_open_a_socket(tmp_path: Path) -> None:
