@@ -66,6 +66,8 @@ class RunMetadata:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object saved as ``metadata.json`` (the spec's fields at the top level)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "spec"}
+        if not out["notes"]:  # written only when there is something to say (a weaker sandbox)
+            del out["notes"]
         spec = self.spec.to_dict()
         # the historical key order: identity, then what was run, then progress
         ordered = {
