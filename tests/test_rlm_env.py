@@ -122,3 +122,26 @@ async def test_a_list_context_and_bad_rows() -> None:
         pa.RLMEnv(dataset=[{"question": "q", "context": 3}])
     with pytest.raises(ValueError, match="max_sub_calls must be an integer ≥ 1"):
         rlm(max_sub_calls=0)
+
+
+async def test_with_depth_2_a_sub_call_is_an_rlm_rollout_of_its_own() -> None:
+    def policy(messages: pa.Messages) -> Any:
+        if len(messages) == 1:  # a plain sub-call (depth 2): one user message
+            return "plain: " + str(messages[0]["content"])
+        nested = "Answer the request that is the variable `context`" in str(messages[1]["content"])
+        if messages[-1]["role"] == "tool":
+            return "not reached"
+        code = "FINAL(context.upper() + ' / ' + llm_query('leaf'))" if nested else "FINAL(llm_query('deep'))"
+        return {"content": "", "tool_calls": [python_call(code)]}
+
+    env = rlm(sub_client=None, max_depth=2, max_sub_calls=2)
+    [rollout] = await env.run(pa.ScriptedClient(policy))
+    assert rollout.state["final_answer"] == "DEEP / plain: leaf"  # the nested RLM read its context in a REPL
+    assert rollout.metrics["sub_calls"] == 2  # the root's and the nested rollout's, from one budget
+    own = sum(t.usage.completion_tokens for t in rollout.turns)
+    assert rollout.usage.completion_tokens > own  # the nested rollout's turns count in the root's usage
+    assert len(rollout.completion) == 2 and live_workers() == 0 and not sandbox_processes()
+    [capped] = await rlm(sub_client=None, max_depth=2, max_sub_calls=1).run(pa.ScriptedClient(policy))
+    # the nested rollout's llm_query found the root's budget spent; it replied without a FINAL
+    assert capped.state["final_answer"] == "not reached"
+    assert capped.metrics["sub_calls"] == 1 and capped.metrics["sub_errors"] == 1

@@ -6,14 +6,17 @@ The model reads it with code and with sub-calls to a model from inside the REPL:
 ``llm_query(prompt)`` and ``llm_query_batched(prompts)`` send prompts over a Unix socket that
 is bound into the sandbox (nothing else of the host is reachable), and the environment answers
 them with ``sub_client`` (by default the rollout's own client, with the engine's limits) as
-plain one-message chats. Sub-calls have no REPL of their own: the recursion is one level deep.
-A rollout may make ``max_sub_calls`` sub-calls, at most ``max_batch`` at once, each prompt at
-most ``max_prompt_chars`` long; past a limit ``llm_query`` raises, and the model reads why.
+plain one-message chats. With ``max_depth`` above 1, a sub-call is itself an RLM rollout (the
+prompt becomes its ``context``, in a REPL of its own, and its ``FINAL`` answer is the reply), down
+to ``max_depth`` levels, the last of which are plain chats. A root rollout and everything below
+it may make ``max_sub_calls`` sub-calls, at most ``max_batch`` at once, each prompt at most
+``max_prompt_chars`` long; past a limit ``llm_query`` raises, and the model reads why.
 
 The final answer is ``FINAL(answer)`` called in the REPL, or ``FINAL(answer)`` written in a
 reply without tool calls; it is ``state["final_answer"]``. Sub-calls' tokens count in the
-rollout's ``usage`` (and in the ``sub_*`` metrics), but they are not the rollout's messages, so
-SFT and RL train on the root model's turns only, never on what the sub-model wrote.
+rollout's ``usage`` (and in the ``sub_*`` metrics; a nested rollout's own turns too), but they
+are not the rollout's messages, so SFT and RL train on the root model's turns only, never on
+what a sub-model wrote.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from typing import Any
@@ -33,7 +37,7 @@ from palaestra.envs.multiturn import stop
 from palaestra.envs.repl import ReplEnv
 from palaestra.repl import PythonWorker, ReplSession
 from palaestra.sandbox import ReplLimits
-from palaestra.types import Example, Messages, Rollout, Sampling, State, content_text, derive_seed
+from palaestra.types import Example, Messages, Rollout, Sampling, State, Usage, content_text, derive_seed
 
 FINAL_TAG = re.compile(r"FINAL\((.*)\)", re.DOTALL)
 REQUEST_BYTES = 16 * 2**20  # the longest request line a worker may send
@@ -44,6 +48,11 @@ RLM_SYSTEM_PROMPT = (
     "llm_query(prompt) asks a language model and returns its reply, and llm_query_batched(prompts) "
     "asks several at once. When you know the answer, call FINAL(answer) in the REPL."
 )
+SUB_TASK = "Answer the request that is the variable `context`, and give your answer with FINAL(answer)."
+
+
+class SubCallFailed(Exception):
+    """A nested RLM rollout (``max_depth`` above 1) failed; the model reads why."""
 
 
 def describe_context(context: Any) -> str:
@@ -59,7 +68,8 @@ class RLMEnv(ReplEnv):
 
     ``sub_client`` answers ``llm_query`` (None: the rollout's own client); ``sub_sampling`` is
     its sampling (None: the environment's, each sub-call seeded from the rollout's seed).
-    ``context_column`` names the dataset column. ``limits`` default to 60 s per call, since a
+    ``max_depth`` is how many levels of RLM rollouts a sub-call may open (1: sub-calls are
+    plain chats). ``context_column`` names the dataset column. ``limits`` default to 60 s per call, since a
     call's wall time includes its sub-calls. Other keyword arguments are ``ReplEnv``'s.
     """
 
@@ -71,18 +81,21 @@ class RLMEnv(ReplEnv):
         max_sub_calls: int = 32,
         max_batch: int = 8,
         max_prompt_chars: int = 32_000,
+        max_depth: int = 1,
         context_column: str = "context",
         limits: ReplLimits | dict[str, Any] | None = None,
         system_prompt: str | None = RLM_SYSTEM_PROMPT,
         **kwargs: Any,
     ) -> None:
         for name, value in (("max_sub_calls", max_sub_calls), ("max_batch", max_batch),
-                            ("max_prompt_chars", max_prompt_chars)):  # fmt: skip
+                            ("max_prompt_chars", max_prompt_chars), ("max_depth", max_depth)):  # fmt: skip
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer ≥ 1, got {value!r}")
         self.sub_client = sub_client
         self.sub_sampling = sub_sampling
         self.max_sub_calls, self.max_batch, self.max_prompt_chars = max_sub_calls, max_batch, max_prompt_chars
+        self.max_depth = max_depth
+        self._roots: dict[str, State] = {}  # the root rollout's state of each nested rollout running
         self.context_column = context_column
         if limits is None:
             limits = ReplLimits(call_seconds=60.0, rollout_seconds=300.0)
@@ -170,20 +183,21 @@ class RLMEnv(ReplEnv):
             return {
                 "error": f"llm_query: a prompt may hold {self.max_prompt_chars:,} characters; one has {long:,}"
             }
-        left = self.max_sub_calls - state["sub_calls"]
+        root = self._roots.get(state.example.info.get("rlm_root", ""), state)  # the budget is the root's
+        left = self.max_sub_calls - root["sub_calls"]
         if len(prompts) > left:
-            state["sub_errors"] += 1
+            root["sub_errors"] += 1
             return {
                 "error": f"llm_query: this rollout may make {self.max_sub_calls} sub-calls and has {left} left"
             }
-        first = state["sub_calls"]
-        state["sub_calls"] += len(prompts)
+        first = root["sub_calls"]
+        root["sub_calls"] += len(prompts)
         try:
             answers = await asyncio.gather(
                 *(self._sub_call(p, first + i, state) for i, p in enumerate(prompts))
             )
-        except ModelError as exc:
-            state["sub_errors"] += 1
+        except (ModelError, SubCallFailed) as exc:
+            root["sub_errors"] += 1
             return {"error": f"llm_query: the sub-model failed: {type(exc).__name__}: {exc}"}
         return {"answers": answers}
 
@@ -193,11 +207,49 @@ class RLMEnv(ReplEnv):
         sampling = (self.sub_sampling or state.resources["sampling"]).replace(
             seed=derive_seed(rollout.seed, "sub", index)
         )
-        response = await client.chat([{"role": "user", "content": prompt}], sampling=sampling)
-        rollout.usage += response.usage
-        state["sub_prompt_tokens"] += response.usage.prompt_tokens
-        state["sub_completion_tokens"] += response.usage.completion_tokens
-        return response.content
+        depth = int(state.example.info.get("rlm_depth", 0)) + 1  # of the model this call asks
+        if depth < self.max_depth:
+            reply, usage = await self._nested(prompt, index, depth, client, sampling, state)
+        else:
+            response = await client.chat([{"role": "user", "content": prompt}], sampling=sampling)
+            reply, usage = response.content, response.usage
+        rollout.usage += usage
+        state["sub_prompt_tokens"] += usage.prompt_tokens
+        state["sub_completion_tokens"] += usage.completion_tokens
+        return reply
+
+    async def _nested(
+        self, prompt: str, index: int, depth: int, client: ModelClient, sampling: Sampling, state: State
+    ) -> tuple[str, Usage]:
+        """A sub-call as an RLM rollout of its own, whose context is ``prompt``: its reply and usage."""
+        token = secrets.token_hex(8)
+        self._roots[token] = self._roots.get(state.example.info.get("rlm_root", ""), state)
+        head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        example = Example(
+            id=state.example.id,
+            prompt=[*head, {"role": "user", "content": f"{SUB_TASK}\n\n{describe_context(prompt)}"}],
+            info={"rlm_depth": depth, "rlm_root": token},
+            row={self.context_column: prompt},
+        )
+        try:
+            child = await self.rollout(client, example, seed=sampling.seed or 0, sampling=sampling)
+        finally:
+            del self._roots[token]
+        if child.error is not None:
+            raise SubCallFailed(
+                f"the rollout at depth {depth} failed: {child.error.type}: {child.error.message}"
+            )
+        final = child.state.get("final_answer")
+        if final is None:
+            final = next(
+                (
+                    content_text(m.get("content"))
+                    for m in reversed(child.completion)
+                    if m["role"] == "assistant"
+                ),
+                "",
+            )
+        return str(final), child.usage
 
     @stop(priority=10)
     def final_answer(self, messages: Messages, state: State) -> bool:
