@@ -26,6 +26,10 @@ from palaestra.testing.repl import code_policy, sandbox_problem, sandbox_process
 
 PROBLEM = sandbox_problem()
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"no bubblewrap sandbox here: {PROBLEM}")
+COUNT_FORKS = (  # forks children that wait, until the process limit says no
+    "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30)\n"
+    "            os._exit(0)\n        n += 1\nexcept OSError as exc:\n    print(n, type(exc).__name__)"
+)
 FAST = ReplLimits(call_seconds=2.0, call_cpu_seconds=2, memory_mb=256, max_processes=8, output_chars=2000)
 
 
@@ -110,14 +114,10 @@ async def test_code_cannot_open_a_socket(tmp_path: Path) -> None:
 
 
 async def test_a_fork_bomb_is_held_to_its_process_limit_and_killed() -> None:
-    count = (
-        "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30)\n"
-        "            os._exit(0)\n        n += 1\nexcept OSError as exc:\n    print(n, type(exc).__name__)"
-    )
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     repl = session()
     try:
-        counted = await repl.run(count)
+        counted = await repl.run(COUNT_FORKS)
         forks = int(counted.split()[0])
         assert forks < FAST.max_processes and "BlockingIOError" in counted, counted
         start = time.monotonic()
@@ -260,3 +260,46 @@ def test_bubblewrap_without_namespaces_is_a_clear_refusal(
         pa.SandboxUnavailable, match=r"No permissions to create new namespace.*sandbox='rlimits'"
     ):
         Sandbox("bubblewrap").check()
+
+
+SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+AS_USER = """
+import sys
+sys.path[:0] = PATHS
+import asyncio
+from palaestra.repl import ReplSession
+from palaestra.sandbox import Sandbox, ReplLimits
+
+async def main():
+    repl = ReplSession(Sandbox(), ReplLimits(max_processes=8))
+    print(await repl.run("import os; os.getuid(), os.path.exists('/root'), os.path.exists('/etc')"))
+    print(await repl.run(COUNT))
+    await repl.aclose()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not SYSTEM_PYTHON.is_file(), reason="needs root and a system Python")
+def test_as_an_ordinary_user_the_sandbox_uses_a_user_namespace() -> None:
+    """The path of a user who is not root (bubblewrap in a user namespace), run as uid 4321 with
+    the system's Python, this checkout and its packages on sys.path."""
+    import site
+    import tempfile
+
+    paths = [str(Path(pa.__file__).parent.parent), *site.getsitepackages()]
+    with tempfile.TemporaryDirectory() as folder:  # pytest's tmp_path is root's alone
+        os.chmod(folder, 0o755)
+        script = Path(folder) / "as_user.py"
+        script.write_text(AS_USER.replace("PATHS", repr(paths)).replace("COUNT", repr(COUNT_FORKS)))
+        done = subprocess.run(
+            ["setpriv", "--reuid", "4321", "--regid", "4321", "--clear-groups", "env", "-i", "PATH=/usr/bin:/bin",
+             f"HOME={folder}", str(SYSTEM_PYTHON), str(script)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[1].startswith("(4321, False, False)")  # its own uid; no /root, no /etc
+    forks, error = lines[-1].split()
+    assert error == "BlockingIOError" and int(forks) < 8  # the process limit holds in a user namespace
+    assert not sandbox_processes()
