@@ -197,6 +197,9 @@ class ReplSession:
             rlm=self.rlm,
             sockets=self.sockets,
         )
+        if self.closed:  # closed while it started: it must not outlive the session
+            await self.worker.kill()
+            raise RuntimeError("the REPL of this rollout is closed")
         if self.on_start is not None:
             await self.on_start(self.worker)
         return self.worker
