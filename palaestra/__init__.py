@@ -25,6 +25,8 @@ from palaestra.envs import (
     EpisodeError,
     Final,
     MultiTurnEnv,
+    ReplEnv,
+    RLMEnv,
     RolloutTimeout,
     SingleTurnEnv,
     StatefulToolEnv,
@@ -41,6 +43,7 @@ from palaestra.registry import (
     load_environment,
 )
 from palaestra.rubric import RewardError, Rubric, RubricGroup, group_reward
+from palaestra.sandbox import ReplLimits, SandboxUnavailable
 from palaestra.tools import Tool, ToolArgumentError, ToolDefinitionError
 from palaestra.types import (
     ChatChunk,
@@ -67,8 +70,8 @@ __all__ = [
     "EnvironmentArgsError", "EnvironmentNotFound", "EpisodeError", "ErrorInfo", "EvalRun", "Example", "Final",
     "JudgeError", "JudgeRubric", "Message", "Messages", "ModelClient", "ModelConnectionError", "ModelError",
     "ModelHTTPError", "ModelResponse", "ModelTimeout", "ModelUnavailable", "MultiTurnEnv", "OpenAIClient",
-    "Parser", "RewardError", "Rollout", "RolloutTimeout", "Rubric", "RubricGroup", "RunMetadata", "RunSpec",
-    "Sampling", "ScriptedClient", "SingleTurnEnv", "State", "StatefulToolEnv", "StreamingClient",
+    "Parser", "RLMEnv", "ReplEnv", "ReplLimits", "RewardError", "Rollout", "RolloutTimeout", "Rubric",
+    "RubricGroup", "RunMetadata", "RunSpec", "Sampling", "SandboxUnavailable", "ScriptedClient", "SingleTurnEnv", "State", "StatefulToolEnv", "StreamingClient",
     "ThinkParser", "Timing", "Tool", "ToolArgumentError", "ToolDefinitionError", "ToolEnv",
     "TransientModelError", "Turn", "Usage", "XMLParser", "__version__", "content_text", "derive_seed",
     "evaluate", "group_reward", "installed_environments", "load_environment", "load_run", "stop",

@@ -359,7 +359,15 @@ def test_yank_then_pip_skips_it_unless_pinned(
 
 
 def test_every_bundled_environment_publishes(hub: dict[str, Any]) -> None:
-    assert BUNDLED == ["double_check", "reverse_text", "sql_quiz", "tictactoe", "wiki_search"]
+    assert BUNDLED == [
+        "double_check",
+        "long_context_qa",
+        "python_tasks",
+        "reverse_text",
+        "sql_quiz",
+        "tictactoe",
+        "wiki_search",
+    ]
     for name in BUNDLED:
         folder = REPO / "environments" / name
         before = tree(folder)

@@ -177,6 +177,11 @@ class Environment:
             for f, w in zip(funcs, weights, strict=False)
         }
 
+    def run_notes(self) -> dict[str, str]:
+        """What a run of this environment must state beside its results (a weaker sandbox, say):
+        saved in the run's metadata and shown with its summary. None by default."""
+        return {}
+
     def env_pass_thresholds(self) -> dict[str, float] | None:
         """For a mixture of environments (``EnvGroup``): each one's ``pass_threshold``; ``None`` otherwise."""
         return None

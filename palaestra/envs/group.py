@@ -148,6 +148,11 @@ class EnvGroup(Environment):
                 out.setdefault(name, info)
         return dict(sorted(out.items()))
 
+    def run_notes(self) -> dict[str, str]:
+        return {
+            f"{name}: {key}": note for name, env in self.envs.items() for key, note in env.run_notes().items()
+        }
+
     def env_pass_thresholds(self) -> dict[str, float] | None:
         """Each environment's own pass threshold: its rollouts pass or fail by it."""
         return {name: env.pass_threshold for name, env in self.envs.items()}

@@ -147,6 +147,8 @@ async def _run(
         metadata.summary = summarize(rollouts, rollouts_per_example=r, pass_threshold=metadata.pass_threshold,
                                      env_metrics=env.env_metric_names(),
                                      env_thresholds=env.env_pass_thresholds())  # fmt: skip
+        if metadata.notes:  # said with the results, wherever the summary is shown
+            metadata.summary["notes"] = dict(metadata.notes)
         if store is not None:
             store.write_metadata(metadata)
     return EvalRun(path=store.path if store else None, metadata=metadata, rollouts=rollouts)
@@ -208,6 +210,7 @@ def _new_metadata(
             "python": platform.python_version(),
         },
         started_at=_now(),
+        notes=env.run_notes(),
     )
 
 

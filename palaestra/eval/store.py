@@ -61,10 +61,13 @@ class RunMetadata:
     status: str = "running"
     counts: dict[str, int] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # Environment.run_notes(): a weaker sandbox, say
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object saved as ``metadata.json`` (the spec's fields at the top level)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "spec"}
+        if not out["notes"]:  # written only when there is something to say (a weaker sandbox)
+            del out["notes"]
         spec = self.spec.to_dict()
         # the historical key order: identity, then what was run, then progress
         ordered = {
@@ -85,7 +88,7 @@ class RunMetadata:
             spec_data.pop("sampling", None)
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}  # fields of later versions are ignored
-        for key in ("env_args", "rubric", "versions", "counts", "summary"):
+        for key in ("env_args", "rubric", "versions", "counts", "summary", "notes"):
             if values.get(key) is None:
                 values.pop(key, None)
             elif not isinstance(values[key], dict):

@@ -50,6 +50,8 @@ def render_summary(console: Console, summary: dict[str, Any], *, title: str | No
             f"{summary['rollouts_per_example']} · {reward['n']} scored · {n_err} failed"
         )
     )
+    for key, note in (summary.get("notes") or {}).items():  # e.g. a weaker sandbox: said with the results
+        console.print(Text(f"note: {key}: {note}", style="bold yellow"))
 
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for header in ("", "mean", "± std", "95% CI", "min", "max", "n"):  # names wrap, never cut
