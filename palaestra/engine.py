@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncGenerator, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from palaestra.clients.base import ModelClient, ModelUnavailable
 from palaestra.clients.limited import LimitedClient
@@ -28,6 +28,15 @@ from palaestra.types import Example, Rollout, RunSpec, Sampling
 
 if TYPE_CHECKING:
     from palaestra.envs.base import Environment
+
+
+class GroupExecutor(Protocol):
+    """Where a run's groups are rolled out: this process (``stream_groups``) by default, or workers
+    (``palaestra.eval.ray_executor.RayExecutor``); either yields each scored group as it finishes."""
+
+    def stream_groups(
+        self, env: Environment, client: ModelClient, examples: Sequence[Example], spec: RunSpec
+    ) -> AsyncGenerator[list[Rollout], None]: ...
 
 
 async def run_group(
