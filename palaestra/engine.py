@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from palaestra.clients.base import ModelClient, ModelUnavailable
 from palaestra.clients.limited import LimitedClient
+from palaestra.clients.routed import sticky_group
 from palaestra.types import Example, Rollout, RunSpec, Sampling
 
 if TYPE_CHECKING:
@@ -42,10 +43,14 @@ class GroupExecutor(Protocol):
 async def run_group(
     env: Environment, client: ModelClient, example: Example, *, count: int, seed: int, sampling: Sampling
 ) -> list[Rollout]:
-    """The ``count`` scored rollouts of one example."""
-    runs = [env.rollout(client, example, rollout_index=i, seed=seed, sampling=sampling) for i in range(count)]
-    # one rollout needs no extra task: awaiting it directly saves a task per example
-    rollouts = [await runs[0]] if len(runs) == 1 else list(await asyncio.gather(*runs))
+    """The ``count`` scored rollouts of one example; their requests share one endpoint when the
+    client has several (``RoutedClient``)."""
+    with sticky_group():  # the rollouts' tasks, started in the block, inherit the group's route
+        runs = [
+            env.rollout(client, example, rollout_index=i, seed=seed, sampling=sampling) for i in range(count)
+        ]
+        # one rollout needs no extra task: awaiting it directly saves a task per example
+        rollouts = [await runs[0]] if len(runs) == 1 else list(await asyncio.gather(*runs))
     await env.rubric.score_group(rollouts, [example] * len(rollouts))
     return rollouts
 

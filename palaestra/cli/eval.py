@@ -35,6 +35,7 @@ from palaestra.cli.common import (
     make_sampling,
     parse_json_object,
 )
+from palaestra.clients.routed import RoutedClient
 from palaestra.engine import GroupExecutor
 from palaestra.eval.ray_executor import ExecutorError
 from palaestra.eval.run import evaluate, resume_plan
@@ -124,6 +125,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         try:
             if isinstance(client, pa.OpenAIClient):
                 await client.check()
+            elif isinstance(client, RoutedClient):
+                for problem in await client.check():  # drained: the others take its share
+                    print(
+                        f"palaestra: warning: {problem}; the other endpoints take its groups", file=sys.stderr
+                    )
             return await evaluate(
                 env,
                 client,
