@@ -219,6 +219,8 @@ class RayExecutor:
                             live.pop(index)
                             self.stats.pids.pop(index)
                             self.stats.died += 1
+                            with contextlib.suppress(Exception):  # unreachable, not dead: it must not go on
+                                ray.kill(worker)
                             if spare > 0:
                                 spare -= 1
                                 await start()

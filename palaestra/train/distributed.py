@@ -6,8 +6,8 @@ N``, which runs torchrun) starts N copies of the trainer. Each reads its rank fr
 torchrun sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) and joins one process group: NCCL when
 the trainer is on CUDA (one GPU per rank, ``cuda:LOCAL_RANK``), gloo on the CPU.
 
-Every rank holds the whole model and optimizer and takes its contiguous share of each step's
-batch (``World.share``). The loss of a step is normalised over the *global* batch (the trained
+Every rank holds the whole model and optimizer and takes its share of each step's batch
+(``World.share``). The loss of a step is normalised over the *global* batch (the trained
 tokens and rollouts of all ranks), each rank backpropagates its share, and ``sync_gradients``
 sums the gradients over the ranks with one all-reduce: the summed gradient is the one-process
 gradient, so clipping and the optimizer step are the same on every rank and the weights stay
@@ -47,10 +47,10 @@ class World:
         return self.rank == 0
 
     def share(self, items: Sequence[T]) -> list[T]:
-        """This rank's contiguous share of ``items``, whose count the world size divides."""
-        per_rank, left = divmod(len(items), self.size)
-        assert not left, "checked by check_divides before the run starts"
-        return list(items[self.rank * per_rank : (self.rank + 1) * per_rank])
+        """This rank's share of ``items``: every ``size``-th one from its rank on. The shares are equal
+        when the world size divides the count (``check_shares``), as it does for a whole step; the
+        smaller last step of an SFT epoch may leave a rank fewer, or none."""
+        return list(items[self.rank :: self.size])
 
     def deal(self, items: Sequence[T], key: Callable[[T], int]) -> list[T]:
         """The items this rank takes when they are dealt round-robin by ``key`` (``key % size == rank``):

@@ -169,7 +169,9 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
             mine = world.share(batch)  # this rank's conversations (all of them in one process)
             loss_value, padding = 0.0, 0.0
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                prefix = SharedPrefix(backbone, mine[0].input_ids[:shared], device) if shared else None
+                prefix = (
+                    SharedPrefix(backbone, mine[0].input_ids[:shared], device) if shared and mine else None
+                )
                 for micro in micro_batches(
                     mine, max_tokens=train.micro_batch_tokens, pad_id=pad_id, start=shared
                 ):
@@ -180,7 +182,8 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
                     padding += micro.padding
                 if prefix:
                     prefix.backward()
-            loss_value, padding = world.sum([loss_value, padding])  # every rank's share of the step
+            # every rank's share of the step; each rank with rows ran the shared prefix once
+            loss_value, padding, prefixes = world.sum([loss_value, padding, prefix is not None])
             if not math.isfinite(loss_value):  # before any weight moves
                 optimizer.zero_grad(set_to_none=True)
                 raise diverged(step + 1, "loss", loss_value, last_saved)
@@ -195,8 +198,7 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
 
             seconds = time.perf_counter() - t0
             tokens = sum(len(e.input_ids) for e in batch)
-            # positions the model ran on: each rank runs the shared prefix once
-            computed = int(tokens - (len(batch) - world.size) * shared + padding)
+            computed = int(tokens - (len(batch) - prefixes) * shared + padding)  # positions the model ran on
             record = {
                 "step": step + 1,
                 "epoch": (step + 1) * train.batch_size / len(examples),
