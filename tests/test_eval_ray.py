@@ -18,7 +18,7 @@ import pytest
 import palaestra as pa
 from palaestra.cli import main
 from palaestra.cli.common import ClientOptions
-from palaestra.eval.ray_executor import ExecutorError, RayExecutor
+from palaestra.eval.ray_executor import RayExecutor
 from palaestra.testing.server import FakeOpenAIServer, echo_reply, served_in_thread
 
 ray = pytest.importorskip("ray")
@@ -130,11 +130,11 @@ def test_a_run_stopped_mid_way_resumes_on_ray_to_the_one_process_run(
             raise Stop  # the driver stops (as Ctrl-C stops it): the groups saved so far stay
 
     with pytest.raises(Stop):
-        run(server, RayExecutor("tictactoe", {}, options(server), workers=2), tmp_path, on_rollout=stop)
+        run(server, RayExecutor("tictactoe", {}, options(server), workers=1), tmp_path, on_rollout=stop)
     (folder,) = (tmp_path / "evals" / "tictactoe--fake-model").iterdir()
     assert pa.load_run(folder).metadata.status == "interrupted"
     assert len((folder / "results.jsonl").read_text().splitlines()) == 5 * R
-    resumed = run(server, RayExecutor("tictactoe", {}, options(server), workers=2), resume=folder)
+    resumed = run(server, RayExecutor("tictactoe", {}, options(server), workers=1), resume=folder)
     assert resumed.metadata.status == "complete"
     assert comparable(resumed) == comparable(one_process)
 
@@ -176,11 +176,21 @@ def test_bad_executors_are_one_line_and_write_nothing(
     assert not (tmp_path / "evals").exists()
 
 
-def test_a_worker_without_the_environment_says_which_and_where(
-    cluster: None, server: FakeOpenAIServer, tmp_path: Path
+def test_a_node_without_the_environment_says_which_and_where_and_writes_nothing(
+    cluster: None,
+    server: FakeOpenAIServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    executor = RayExecutor("no_such_env", {}, options(server), workers=1)
-    with pytest.raises(
-        ExecutorError, match=r"rollout worker on node .* cannot load environment 'no_such_env'"
-    ):
-        run(server, executor, tmp_path)
+    real = pa.load_environment  # "only_here" is installed in this process only, not on the workers
+    monkeypatch.setattr(
+        pa, "load_environment", lambda name, **kw: real("tictactoe" if name == "only_here" else name, **kw)
+    )
+    code = main(["eval", "only_here", "-m", "fake-model", "-b", server.base_url, "--no-api-key", "-n", "2",
+                 "--executor", "ray", "--workers", "1", "-o", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "the rollout worker on node " in err and "cannot load environment 'only_here'" in err
+    assert "install its package on that node" in err
+    assert not (tmp_path / "evals").exists()

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 tictactoe = pytest.importorskip("tictactoe")
 
-from distributed_update import CASES, run_case  # noqa: E402 - after the skips: it imports torch
+from distributed_rl import CASES, run_case  # noqa: E402 - after the skips: it imports torch
 
 from palaestra.train import sft  # noqa: E402
 from palaestra.train.distributed import World  # noqa: E402
@@ -115,31 +115,13 @@ def test_sft_steps_at_2_processes_are_the_one_process_steps_and_checkpoints_load
     assert (split / "final").resolve().name == "step-000003"
 
 
-@pytest.mark.slow
-def test_each_rl_loss_at_2_processes_takes_the_one_process_update(
-    tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(HERE / "distributed_update.py"), str(tiny_model_dir), str(tmp_path)],
-        check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
-    )  # fmt: skip
-    for case in CASES:
-        alone, stats = run_case(tiny_model_dir, case, World())
-        assert_same_weights(torch.load(tmp_path / f"{case[0]}.pt"), alone, atol=1e-5)  # lr 1e-3
-        two = json.loads((tmp_path / f"{case[0]}.json").read_text())
-        assert two["trained_tokens"] == stats.trained_tokens
-        for key in ("loss", "grad_norm", "entropy", "ratio_mean", "clipped_fraction"):
-            assert two[key] == pytest.approx(getattr(stats, key), rel=1e-5, abs=1e-7), (case[0], key)
-        if case[2]:
-            assert two["kl"] == pytest.approx(stats.kl, rel=1e-5, abs=1e-9)
-
-
-@pytest.mark.slow
-def test_an_rl_run_on_2_processes_writes_once_evaluates_on_rank_0_and_resumes_on_1(
-    tiny_tictactoe_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = tmp_path / "rl.toml"
+@pytest.fixture(scope="module")
+def two_ranks(
+    tiny_model_dir: Path, tiny_tictactoe_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """One torchrun launch of 2 ranks (``distributed_rl.py``): every loss's update, then an RL run."""
+    out = tmp_path_factory.mktemp("two-ranks")
+    config = out / "rl.toml"
     config.write_text(f"""
 [model]
 path = "{tiny_tictactoe_model_dir}"
@@ -157,12 +139,36 @@ threads = 1
 num_examples = 2
 sets = [{{name = "held-out", args = {{num_examples = 2, seed = 100}}}}]
 [output]
-dir = "{tmp_path / "run"}"
+dir = "{out / "run"}"
 sample_every = 1
 sample_groups = 4
 """)
-    run = tmp_path / "run"
-    assert main(["train", "rl", str(config), "--nproc", "2", "--quiet"]) == 0, capsys.readouterr().err
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(HERE / "distributed_rl.py"), str(tiny_model_dir), str(out), str(config)],
+        check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.slow
+def test_each_rl_loss_at_2_processes_takes_the_one_process_update(
+    tiny_model_dir: Path, two_ranks: Path
+) -> None:
+    for case in CASES:
+        alone, stats = run_case(tiny_model_dir, case, World())
+        assert_same_weights(torch.load(two_ranks / f"{case[0]}.pt"), alone, atol=1e-5)  # lr 1e-3
+        two = json.loads((two_ranks / f"{case[0]}.json").read_text())
+        assert two["trained_tokens"] == stats.trained_tokens
+        for key in ("loss", "grad_norm", "entropy", "ratio_mean", "clipped_fraction"):
+            assert two[key] == pytest.approx(getattr(stats, key), rel=1e-5, abs=1e-7), (case[0], key)
+        if case[2]:
+            assert two["kl"] == pytest.approx(stats.kl, rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_an_rl_run_on_2_processes_writes_once_evaluates_on_rank_0_and_resumes_on_1(two_ranks: Path) -> None:
+    run = two_ranks / "run"
     records = metrics(run)
     assert [r["step"] for r in records] == [0, 1]  # one log, one held-out evaluation before training
     assert records[1]["groups"] == 4 and "eval/held-out/reward" in records[0]  # every rank's groups

@@ -36,8 +36,7 @@ from palaestra.cli.common import (
     parse_json_object,
 )
 from palaestra.clients.routed import RoutedClient
-from palaestra.engine import GroupExecutor
-from palaestra.eval.ray_executor import ExecutorError
+from palaestra.eval.ray_executor import ExecutorError, RayExecutor  # Ray itself is imported on use
 from palaestra.eval.run import evaluate, resume_plan
 from palaestra.eval.store import EvalRun, RunStore
 from palaestra.eval.summary import pick_sample
@@ -123,6 +122,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
             for sig in (signal.SIGTERM, signal.SIGHUP):  # like Ctrl-C: save, then say how to resume
                 loop.add_signal_handler(sig, task.cancel)
         try:
+            if executor is not None:  # a node without the environment: one line, before any write
+                try:
+                    await executor.start(spec)
+                except ExecutorError as exc:
+                    raise UsageError(str(exc)) from None
             if isinstance(client, pa.OpenAIClient):
                 await client.check()
             elif isinstance(client, RoutedClient):
@@ -173,7 +177,7 @@ class Stopped(Exception):
     """The run stopped early for a reason outside the user's input (a server that went away)."""
 
 
-def _executor(args: argparse.Namespace, settings: Settings) -> GroupExecutor | None:
+def _executor(args: argparse.Namespace, settings: Settings) -> RayExecutor | None:
     """``--executor``: None for this process, else a ``RayExecutor`` connected to its cluster."""
     kind, eq, address = args.executor.partition("=")
     if kind == "local" and not eq:
@@ -187,8 +191,6 @@ def _executor(args: argparse.Namespace, settings: Settings) -> GroupExecutor | N
             f"--executor ray: -m {settings.client.model} is a model loaded in this process; serve it "
             "(palaestra serve, vLLM) and give its endpoint with -b"
         )
-    from palaestra.eval.ray_executor import RayExecutor  # Ray itself is imported on use
-
     try:
         return RayExecutor(settings.env_id, settings.env_args, settings.client,
                            address=address or None, workers=args.workers)  # fmt: skip

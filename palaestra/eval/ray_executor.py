@@ -156,7 +156,8 @@ class RayExecutor:
         self.env_id, self.env_args, self.client = env_id, env_args, client
         self.address, self.workers = address, workers
         self.stats = WorkerStats()
-        self.live: list[Any] = []  # the live workers (actor handles) of the run going on
+        self.live: list[Any] = []  # the live workers (actor handles)
+        self._spec: RunSpec | None = None
         self.ray = import_ray()
         if address is not None:
             check_address(address)
@@ -169,38 +170,56 @@ class RayExecutor:
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise ExecutorError(f"--executor ray={address}: cannot join the cluster ({first})") from None
 
+    async def start(self, spec: RunSpec) -> None:
+        """Start the workers for runs of ``spec`` (its sampling resolved), unless they run for it
+        already. A worker that cannot load the environment is an ``ExecutorError`` naming the node.
+        ``stream_groups`` starts them when needed; ``palaestra eval`` does it before the run folder
+        exists, so that such a node costs one line and writes nothing."""
+        if self.live and spec == self._spec:
+            return
+        self.stop()
+        ray = self.ray
+        count = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._spec, self._count = spec, count
+        self._per_worker = spec.replace(max_concurrent=math.ceil(spec.max_concurrent / count))
+        self._actor = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(RolloutWorker)
+        await asyncio.gather(*(self._start_one() for _ in range(count)))
+
+    async def _start_one(self) -> None:
+        ray = self.ray
+        worker = self._actor.remote(self.env_id, self.env_args, self.client, self._per_worker)
+        try:
+            problem, pid = await worker.ready.remote()
+        except ray.exceptions.RayActorError as exc:  # the process could not start (palaestra missing)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ExecutorError(f"a rollout worker could not start: {first}") from None
+        if problem is not None:
+            ray.kill(worker)
+            raise ExecutorError(problem)
+        self.live.append(worker)
+        self.stats.started += 1
+        self.stats.pids.append(pid)
+
+    def stop(self) -> None:
+        """Kill the workers (the cluster stays, unless this executor started it and a run ended)."""
+        for worker in self.live:
+            with contextlib.suppress(Exception):
+                self.ray.kill(worker)
+        self.live.clear()
+        self.stats.pids.clear()
+
     async def stream_groups(
         self, env: Environment, client: ModelClient, examples: Sequence[Example], spec: RunSpec
     ) -> AsyncGenerator[list[Rollout], None]:
         """Yield each example's scored group as a worker returns it (``env`` and ``client`` are the
         driver's: the workers build their own from the names and options)."""
-        ray = self.ray
-        count = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        per_worker = spec.replace(
-            max_concurrent=math.ceil(spec.max_concurrent / count), sampling=spec.sampling or env.sampling
-        )
-        actor = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(RolloutWorker)
-        limit = groups_in_flight(per_worker)  # groups in flight per worker
+        ray, live = self.ray, self.live
         todo: deque[Example] = deque(examples)
-        live = self.live = []
         pending: dict[asyncio.Future[Any], tuple[Any, Example]] = {}
-        spare = count  # replacements left
-
-        async def start() -> None:
-            worker = actor.remote(self.env_id, self.env_args, self.client, per_worker)
-            try:
-                problem, pid = await worker.ready.remote()
-            except ray.exceptions.RayActorError as exc:  # the process could not start (palaestra missing)
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise ExecutorError(f"a rollout worker could not start: {first}") from None
-            if problem is not None:
-                raise ExecutorError(problem)
-            live.append(worker)
-            self.stats.started += 1
-            self.stats.pids.append(pid)
-
         try:
-            await asyncio.gather(*(start() for _ in range(count)))
+            await self.start(spec.replace(sampling=spec.sampling or env.sampling))
+            limit = groups_in_flight(self._per_worker)  # groups in flight per worker
+            spare = self._count  # replacements left
             while todo or pending:
                 for worker in list(live):
                     while todo and sum(w is worker for w, _ in pending.values()) < limit:
@@ -215,15 +234,10 @@ class RayExecutor:
                         todo.appendleft(example)
                         self.stats.rerun += 1
                         if worker in live:
-                            index = live.index(worker)
-                            live.pop(index)
-                            self.stats.pids.pop(index)
-                            self.stats.died += 1
-                            with contextlib.suppress(Exception):  # unreachable, not dead: it must not go on
-                                ray.kill(worker)
+                            self._drop(worker)
                             if spare > 0:
                                 spare -= 1
-                                await start()
+                                await self._start_one()
                         if not live:
                             raise ExecutorError(
                                 f"every rollout worker died ({self.stats.died}); the groups done are saved"
@@ -235,11 +249,18 @@ class RayExecutor:
         finally:
             for future in pending:
                 future.cancel()
-            for worker in live:
-                with contextlib.suppress(Exception):
-                    ray.kill(worker)
+            self.stop()
             if self.started_here:
                 ray.shutdown()
+
+    def _drop(self, worker: Any) -> None:
+        """Forget a worker that died (and make sure it is gone: an unreachable one must not go on)."""
+        index = self.live.index(worker)
+        self.live.pop(index)
+        self.stats.pids.pop(index)
+        self.stats.died += 1
+        with contextlib.suppress(Exception):
+            self.ray.kill(worker)
 
 
 def _node() -> str:

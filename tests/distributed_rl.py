@@ -1,8 +1,10 @@
-"""One RL policy update per loss, on a fixed batch of token sequences: in one process, or on this
-rank's share under torchrun (``python -m torch.distributed.run --nproc-per-node 2 THIS MODEL OUT``).
+"""RL on several ranks, for ``test_train_distributed.py``: one policy update per loss on a fixed
+batch of token sequences (in one process, or on this rank's share), then a short RL run.
 
-``test_train_distributed.py`` runs the cases here in its own process and under torchrun with 2
-ranks, and compares the weights and the logged figures each gives.
+``python -m torch.distributed.run --nproc-per-node 2 THIS MODEL OUT RL_CONFIG`` does both in one
+launch (a launch costs seconds): rank 0 saves each case's weights and figures in ``OUT``, then
+every rank trains the run ``RL_CONFIG`` describes. The test runs the same cases in its own
+process and compares.
 """
 
 from __future__ import annotations
@@ -69,7 +71,11 @@ def run_case(model_dir: Path, case: tuple[str, str, float, int], world: World) -
 
 
 def main() -> None:
-    model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
+    from palaestra.train.config import load_config
+    from palaestra.train.rl import train_rl
+    from palaestra.train.rl_config import RLConfig
+
+    model_dir, out, rl_config = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     torch.set_num_threads(1)
     world = world_from_env()
     join(world, torch.device("cpu"))
@@ -79,6 +85,7 @@ def main() -> None:
             if world.main:
                 torch.save(weights, out / f"{case[0]}.pt")
                 (out / f"{case[0]}.json").write_text(json.dumps(dataclasses.asdict(stats)))
+        train_rl(load_config(RLConfig, rl_config), progress=False)  # in the process group joined here
     finally:
         leave(world)
 
