@@ -23,11 +23,13 @@ state), so a run saved at N ranks resumes at any other N.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from palaestra.train.common import TrainingError
 from palaestra.train.config import ConfigError
 
 T = TypeVar("T")
@@ -47,10 +49,11 @@ class World:
         return self.rank == 0
 
     def share(self, items: Sequence[T]) -> list[T]:
-        """This rank's share of ``items``: every ``size``-th one from its rank on. The shares are equal
-        when the world size divides the count (``check_shares``), as it does for a whole step; the
-        smaller last step of an SFT epoch may leave a rank fewer, or none."""
-        return list(items[self.rank :: self.size])
+        """This rank's contiguous share of ``items`` (rank 0's first: the shares in rank order are
+        ``items``). They are equal when the world size divides the count (``check_shares``), as it
+        does for a whole step; the smaller last step of an SFT epoch may leave a rank fewer, or none."""
+        n = len(items)
+        return list(items[self.rank * n // self.size : (self.rank + 1) * n // self.size])
 
     def deal(self, items: Sequence[T], key: Callable[[T], int]) -> list[T]:
         """The items this rank takes when they are dealt round-robin by ``key`` (``key % size == rank``):
@@ -65,7 +68,8 @@ class World:
         import torch.distributed as dist
 
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_device())
-        dist.all_reduce(tensor)
+        with _collective():
+            dist.all_reduce(tensor)
         return [float(v) for v in tensor.cpu()]
 
     def max(self, value: float) -> float:
@@ -76,7 +80,8 @@ class World:
         import torch.distributed as dist
 
         tensor = torch.tensor([float(value)], dtype=torch.float64, device=_device())
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        with _collective():
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return float(tensor.item())
 
     def gather(self, items: list[T]) -> list[T]:
@@ -86,7 +91,8 @@ class World:
         import torch.distributed as dist
 
         parts: list[Any] = [None] * self.size
-        dist.all_gather_object(parts, items)
+        with _collective():
+            dist.all_gather_object(parts, items)
         return [item for part in parts for item in part]
 
     def barrier(self) -> None:
@@ -94,7 +100,8 @@ class World:
         if self.size > 1:
             import torch.distributed as dist
 
-            dist.barrier()
+            with _collective():
+                dist.barrier()
 
 
 def world_from_env() -> World:
@@ -162,7 +169,7 @@ def broadcast_parameters(model: Any, world: World) -> None:
     import torch
     import torch.distributed as dist
 
-    with torch.no_grad():
+    with torch.no_grad(), _collective():
         for tensor in [*model.parameters(), *model.buffers()]:
             dist.broadcast(tensor.data, src=0)
 
@@ -180,9 +187,24 @@ def sync_gradients(params: Iterable[Any], world: World) -> None:
     params = list(params)
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
+    with _collective():
+        dist.all_reduce(flat)
     for p, g in zip(params, flat.split([g.numel() for g in grads]), strict=True):
         p.grad = g.view_as(p).clone()
+
+
+@contextlib.contextmanager
+def _collective() -> Iterator[None]:
+    """A collective whose peer is gone (killed, its node lost) is one line: the run stops (torchrun
+    stops the other ranks too) and resumes from its last checkpoint."""
+    try:
+        yield
+    except RuntimeError as exc:  # gloo's "Connection reset by peer", NCCL's errors, a timeout
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise TrainingError(
+            f"another training process is gone ({first}); the run stops: resume it from its last "
+            "checkpoint with --resume RUN_DIR"
+        ) from None
 
 
 def _device() -> Any:
@@ -219,12 +241,17 @@ def launch(nproc: int, argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # its notes, not ours
+    # the ranks print their own errors; the launcher's report of the failed rank would be a second line
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)  # fmt: skip
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "palaestra", *argv)
     except ChildFailedError as exc:
-        _, failure = exc.get_first_failure()
-        return failure.exitcode if failure.exitcode > 0 else 1  # killed by a signal: 1
+        rank, failure = exc.get_first_failure()
+        if failure.exitcode > 0:
+            return failure.exitcode
+        print(f"palaestra: error: rank {rank} was killed by {failure.signal_name()}; the others were "
+              "stopped (resume from the last checkpoint with --resume RUN_DIR)", file=sys.stderr)  # fmt: skip
+        return 1
     return 0

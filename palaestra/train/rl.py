@@ -242,7 +242,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                     await check_batch(batch.rollouts, step + 1, sampler, last_saved)
                     # k > 0: the next steps' batches are sampled while this one trains
                     await batches.sample_ahead(step)
-                rollouts = world.gather(batch.rollouts)  # the whole batch, every rank's groups
+                # the whole batch, every rank's groups, in the order one process has them (``collect``)
+                rollouts = sorted(world.gather(batch.rollouts), key=lambda r: (r.example_id, r.rollout_index))
                 t_sampled = time.perf_counter()
                 advantages = group_advantages(rollouts, scale=config.loss.advantage_scale)
                 learn = [(r, a) for r, a in zip(advantages.rollouts, advantages.values, strict=True)
