@@ -194,3 +194,7 @@ def test_a_node_without_the_environment_says_which_and_where_and_writes_nothing(
     assert "the rollout worker on node " in err and "cannot load environment 'only_here'" in err
     assert "install its package on that node" in err
     assert not (tmp_path / "evals").exists()
+    code = main(["eval", "tictactoe", "-m", "fake-model", "-b", server.base_url, "--no-api-key",
+                 "--executor", "ray", "--workers", "9", "-o", str(tmp_path)])  # fmt: skip
+    assert code == 2 and "--workers 9: the Ray cluster has 4 CPUs, one per worker" in capsys.readouterr().err
+    assert not (tmp_path / "evals").exists()

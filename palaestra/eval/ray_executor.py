@@ -179,7 +179,10 @@ class RayExecutor:
             return
         self.stop()
         ray = self.ray
-        count = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        count = self.workers or max(1, cpus)
+        if count > cpus:  # each worker takes a CPU: the others would wait for one forever
+            raise ExecutorError(f"--workers {count}: the Ray cluster has {cpus} CPUs, one per worker")
         self._spec, self._count = spec, count
         self._per_worker = spec.replace(max_concurrent=math.ceil(spec.max_concurrent / count))
         self._actor = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(RolloutWorker)
