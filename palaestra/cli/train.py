@@ -103,10 +103,12 @@ def _train(args: argparse.Namespace, kind: str) -> int:
     """``palaestra train sft`` and ``palaestra train rl``: the config (or the resumed run's), then the run."""
     if os.environ.get("RANK", "0") == "0":
         return _run(args, kind)
-    try:  # another rank of torchrun's: rank 0 reports the same error, once
+    try:  # another rank of torchrun's: rank 0 reports the same error (or interruption), once
         return _run(args, kind)
     except UsageError:
         return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 def _run(args: argparse.Namespace, kind: str) -> int:
