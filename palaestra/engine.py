@@ -20,23 +20,37 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncGenerator, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from palaestra.clients.base import ModelClient, ModelUnavailable
 from palaestra.clients.limited import LimitedClient
+from palaestra.clients.routed import sticky_group
 from palaestra.types import Example, Rollout, RunSpec, Sampling
 
 if TYPE_CHECKING:
     from palaestra.envs.base import Environment
 
 
+class GroupExecutor(Protocol):
+    """Where a run's groups are rolled out: this process (``stream_groups``) by default, or workers
+    (``palaestra.eval.ray_executor.RayExecutor``); either yields each scored group as it finishes."""
+
+    def stream_groups(
+        self, env: Environment, client: ModelClient, examples: Sequence[Example], spec: RunSpec
+    ) -> AsyncGenerator[list[Rollout], None]: ...
+
+
 async def run_group(
     env: Environment, client: ModelClient, example: Example, *, count: int, seed: int, sampling: Sampling
 ) -> list[Rollout]:
-    """The ``count`` scored rollouts of one example."""
-    runs = [env.rollout(client, example, rollout_index=i, seed=seed, sampling=sampling) for i in range(count)]
-    # one rollout needs no extra task: awaiting it directly saves a task per example
-    rollouts = [await runs[0]] if len(runs) == 1 else list(await asyncio.gather(*runs))
+    """The ``count`` scored rollouts of one example; their requests share one endpoint when the
+    client has several (``RoutedClient``)."""
+    with sticky_group():  # the rollouts' tasks, started in the block, inherit the group's route
+        runs = [
+            env.rollout(client, example, rollout_index=i, seed=seed, sampling=sampling) for i in range(count)
+        ]
+        # one rollout needs no extra task: awaiting it directly saves a task per example
+        rollouts = [await runs[0]] if len(runs) == 1 else list(await asyncio.gather(*runs))
     await env.rubric.score_group(rollouts, [example] * len(rollouts))
     return rollouts
 

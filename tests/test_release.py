@@ -32,7 +32,7 @@ from palaestra.runner import run_async
 from palaestra.testing.hub import build_dists, hub_process
 
 REPO = Path(__file__).resolve().parent.parent
-EXTRAS = "datasets,local,serve,train,tensorboard,wandb,mcp,hub,gymnasium,reasoning-gym,textarena"
+EXTRAS = "datasets,local,serve,train,tensorboard,wandb,mcp,hub,gymnasium,reasoning-gym,textarena,ray"
 
 
 def run(

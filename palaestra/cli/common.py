@@ -52,7 +52,8 @@ def add_client_arguments(parser: argparse.ArgumentParser, *, model_required: boo
     )  # fmt: skip
     parser.add_argument(
         "-b", "--base-url", default=None,
-        help=f"OpenAI-compatible endpoint; given, it is always used, even with -m smollm2 "
+        help=f"OpenAI-compatible endpoint, or several of one model: URL1,URL2,... (least-pending routing, "
+        f"a group's requests to one endpoint); given, it is always used, even with -m smollm2 "
         f"(default for API models: {DEFAULT_BASE_URL})",
     )  # fmt: skip
     parser.add_argument(
@@ -144,18 +145,29 @@ def make_client(options: ClientOptions, max_concurrent: int = 32) -> pa.ModelCli
         return pa.ScriptedClient(load_policy(module_name, func_name, model), model=model)
     if options.base_url is None and is_local_model(model):
         return load_local(model.removeprefix(LOCAL_PREFIX), max_batch_size=max_concurrent)
+    urls = [u.strip() for u in (options.base_url or DEFAULT_BASE_URL).split(",")]
+    if not all(urls):
+        raise UsageError(f"-b {options.base_url}: an empty endpoint in the list (URL1,URL2,...)")
     try:
-        return pa.OpenAIClient(
-            model,
-            base_url=options.base_url or DEFAULT_BASE_URL,
-            api_key_var=options.api_key_var or DEFAULT_KEY_VAR,
-            api_key="" if options.no_api_key else None,
-            timeout=options.timeout,
-            max_retries=options.max_retries,
-            max_connections=max_concurrent,
-        )
+        clients = [
+            pa.OpenAIClient(
+                model,
+                base_url=url,
+                api_key_var=options.api_key_var or DEFAULT_KEY_VAR,
+                api_key="" if options.no_api_key else None,
+                timeout=options.timeout,
+                max_retries=options.max_retries,
+                max_connections=max_concurrent,
+            )
+            for url in urls
+        ]
     except pa.ClientConfigError as exc:
         raise UsageError(str(exc).replace("pass api_key=''", "give --no-api-key")) from None
+    if len(clients) == 1:
+        return clients[0]
+    from palaestra.clients.routed import RoutedClient  # several endpoints of one model (docs/scaling.md)
+
+    return RoutedClient(clients)
 
 
 def load_local(model: str, *, max_batch_size: int = 64) -> pa.ModelClient:

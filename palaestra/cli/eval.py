@@ -30,10 +30,13 @@ from palaestra.cli.common import (
     UsageError,
     add_client_arguments,
     close_client,
+    is_local_model,
     make_client,
     make_sampling,
     parse_json_object,
 )
+from palaestra.clients.routed import RoutedClient
+from palaestra.eval.ray_executor import ExecutorError, RayExecutor  # Ray itself is imported on use
 from palaestra.eval.run import evaluate, resume_plan
 from palaestra.eval.store import EvalRun, RunStore
 from palaestra.eval.summary import pick_sample
@@ -42,7 +45,10 @@ from palaestra.registry import eval_defaults
 from palaestra.runner import run_async
 from palaestra.types import RunSpec
 
-RESUME_KEEPS = "-c, -b, -k, --no-api-key, --request-timeout, --max-retries, --max-failures-in-a-row, --quiet, --save-dataset"
+RESUME_KEEPS = (
+    "-c, -b, -k, --no-api-key, --request-timeout, --max-retries, --max-failures-in-a-row, --quiet, "
+    "--save-dataset, --executor, --workers"
+)
 
 
 def add_eval_arguments(ev: argparse.ArgumentParser) -> None:
@@ -65,6 +71,13 @@ def add_eval_arguments(ev: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     ev.add_argument("--save-dataset", type=Path, default=None, metavar="PATH", help="also save a HF dataset")
     ev.add_argument("--quiet", action="store_true", help="plain progress lines, no sample rollout")
+    ev.add_argument(
+        "--executor", default="local", metavar="local|ray[=ADDRESS]",
+        help="where rollouts run: this process (local, the default), Ray workers on a new local cluster "
+        "(ray) or on a running one (ray=auto, ray=HOST:PORT, ray=ray://HOST:PORT); see docs/scaling.md",
+    )  # fmt: skip
+    ev.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="Ray rollout workers (default: one per CPU of the cluster)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.resume is not None:
         _say_what_resume_does(console, args.resume, env, spec)
     _warn_of_training_overlap(settings.client.model, env, spec)
+    executor = _executor(
+        args, settings
+    )  # before the model loads: a cluster that cannot be joined costs nothing
     client = make_client(settings.client, spec.max_concurrent)
     started: list[Path] = [args.resume] if args.resume is not None else []
 
@@ -106,8 +122,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
             for sig in (signal.SIGTERM, signal.SIGHUP):  # like Ctrl-C: save, then say how to resume
                 loop.add_signal_handler(sig, task.cancel)
         try:
+            if executor is not None:  # a node without the environment: one line, before any write
+                try:
+                    await executor.start(spec)
+                except ExecutorError as exc:
+                    raise UsageError(str(exc)) from None
             if isinstance(client, pa.OpenAIClient):
                 await client.check()
+            elif isinstance(client, RoutedClient):
+                for problem in await client.check():  # drained: the others take its share
+                    print(
+                        f"palaestra: warning: {problem}; the other endpoints take its groups", file=sys.stderr
+                    )
             return await evaluate(
                 env,
                 client,
@@ -118,6 +144,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 resume=args.resume,
                 progress=None if args.quiet else True,
                 on_start=started.append,
+                executor=executor,
             )
         finally:
             await close_client(client)
@@ -128,6 +155,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         raise KeyboardInterrupt(f"interrupted{_resume_hint(started, settings.client.model)}") from None
     except pa.ModelUnavailable as exc:
+        raise Stopped(f"{exc}{_resume_hint(started, settings.client.model)}") from None
+    except ExecutorError as exc:  # the Ray workers all died, or a node lacks the environment
         raise Stopped(f"{exc}{_resume_hint(started, settings.client.model)}") from None
     title = f"{settings.env_id} · {settings.client.model} · {run.metadata.counts['saved']} rollouts"
     render_summary(console, run.summary, title=title)
@@ -146,6 +175,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 class Stopped(Exception):
     """The run stopped early for a reason outside the user's input (a server that went away)."""
+
+
+def _executor(args: argparse.Namespace, settings: Settings) -> RayExecutor | None:
+    """``--executor``: None for this process, else a ``RayExecutor`` connected to its cluster."""
+    kind, eq, address = args.executor.partition("=")
+    if kind == "local" and not eq:
+        if args.workers is not None:
+            raise UsageError("--workers is for --executor ray")
+        return None
+    if kind != "ray" or (eq and not address):
+        raise UsageError(f"--executor {args.executor}: expected local, ray or ray=ADDRESS")
+    if settings.client.base_url is None and is_local_model(settings.client.model):
+        raise UsageError(
+            f"--executor ray: -m {settings.client.model} is a model loaded in this process; serve it "
+            "(palaestra serve, vLLM) and give its endpoint with -b"
+        )
+    try:
+        return RayExecutor(settings.env_id, settings.env_args, settings.client,
+                           address=address or None, workers=args.workers)  # fmt: skip
+    except ExecutorError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _warn_of_training_overlap(model: str, env: pa.Environment, spec: RunSpec) -> None:

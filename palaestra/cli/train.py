@@ -4,12 +4,17 @@
 RUN_DIR [--section.key VALUE ...]``. A bad config, bad data or an impossible setting is one line
 and exit status 2, found before anything is written; a run that diverges (NaN loss) or cannot
 write (a full disk) is one line and exit status 1, keeping its checkpoints.
+
+``--nproc N`` trains data-parallel on N processes of this machine (``palaestra.train.distributed``):
+the config is read and what needs no model is checked here first, then torchrun's launcher starts
+the N ranks. Under torchrun, only rank 0 prints the errors.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,7 +76,8 @@ def add_train_parser(subparsers: Any) -> None:
         command = commands.add_parser(
             kind,
             help=help_text,
-            usage=f"palaestra train {kind} [-h] [CONFIG | --resume RUN_DIR] [--quiet] [--section.key VALUE ...]",
+            usage=f"palaestra train {kind} [-h] [CONFIG | --resume RUN_DIR] [--quiet] [--nproc N] "
+            "[--section.key VALUE ...]",
             epilog=epilog,
         )
         command.add_argument(
@@ -81,6 +87,10 @@ def add_train_parser(subparsers: Any) -> None:
         command.add_argument(
             "--quiet", action="store_true", help="plain progress lines instead of a progress bar"
         )
+        command.add_argument(
+            "--nproc", type=int, default=None, metavar="N",
+            help="train data-parallel on N processes of this machine (torchrun; gloo on CPU, NCCL on GPUs)",
+        )  # fmt: skip
         command.set_defaults(func=functools.partial(_train, kind=kind))
 
     curves = commands.add_parser("curves", help="write the loss curves of training runs as one HTML page")
@@ -91,6 +101,17 @@ def add_train_parser(subparsers: Any) -> None:
 
 def _train(args: argparse.Namespace, kind: str) -> int:
     """``palaestra train sft`` and ``palaestra train rl``: the config (or the resumed run's), then the run."""
+    if os.environ.get("RANK", "0") == "0":
+        return _run(args, kind)
+    try:  # another rank of torchrun's: rank 0 reports the same error (or interruption), once
+        return _run(args, kind)
+    except UsageError:
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(args: argparse.Namespace, kind: str) -> int:
     import importlib
 
     from palaestra.train.config import load_config, parse_overrides
@@ -112,10 +133,13 @@ def _train(args: argparse.Namespace, kind: str) -> int:
             config = load_config(getattr(config_module, f"{kind.upper()}Config"), args.config, overrides)
     except (ValueError, OSError) as exc:
         raise UsageError(one_line(exc)) from None
+    if args.nproc is not None and "WORLD_SIZE" not in os.environ:
+        return _launch(args, kind, config)
     try:
         getattr(trainer, f"train_{kind}")(config, resume=args.resume, progress=None if args.quiet else True)
     except TrainingError as exc:
-        print(f"palaestra: error: {one_line(exc)}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"palaestra: error: {one_line(exc)}", file=sys.stderr)
         return 1
     except (ValueError, OSError) as exc:  # a refusal (ConfigError is one), found before anything is written
         raise UsageError(one_line(exc)) from None
@@ -124,6 +148,24 @@ def _train(args: argparse.Namespace, kind: str) -> int:
         raise KeyboardInterrupt(f"interrupted; continue from the last checkpoint with: "
                                 f"palaestra train {kind} --resume {run_dir}") from None  # fmt: skip
     return 0
+
+
+def _launch(args: argparse.Namespace, kind: str, config: Any) -> int:
+    """``--nproc N``: check what needs no model (the batch shares, the run folder), then start N ranks."""
+    from palaestra.train.common import start_from
+    from palaestra.train.distributed import World, check_shares, launch
+
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
+    world = World(size=args.nproc)
+    try:
+        check_shares(config.train, world)
+        start_from(args.resume or Path(config.output.dir), args.resume is not None, config.train.steps)
+    except ValueError as exc:
+        raise UsageError(one_line(exc)) from None
+    argv = ["train", kind, *([str(args.config)] if args.config else ["--resume", str(args.resume)])]
+    argv += [*(["--quiet"] if args.quiet else []), *args.overrides]
+    return launch(args.nproc, argv)
 
 
 def one_line(exc: BaseException, limit: int = 2000) -> str:

@@ -28,7 +28,7 @@ import orjson
 
 import palaestra
 from palaestra.clients.base import ModelClient
-from palaestra.engine import stream_groups
+from palaestra.engine import GroupExecutor, stream_groups
 from palaestra.envs.base import Environment
 from palaestra.eval.progress import EvalProgress, token_counter
 from palaestra.eval.store import EvalRun, RunMetadata, RunStore, RunStoreError, load_run
@@ -51,6 +51,7 @@ async def evaluate(
     progress: bool | None = False,
     on_rollout: Callable[[Rollout], None] | None = None,
     on_start: Callable[[Path], None] | None = None,
+    executor: GroupExecutor | None = None,
 ) -> EvalRun:
     """Evaluate ``client`` on ``env`` as ``spec`` says, saving each group as it is scored.
 
@@ -58,8 +59,9 @@ async def evaluate(
     directory with its own saved spec (``spec`` may then only change ``max_concurrent`` and
     ``max_failures_in_a_row``). ``progress``: ``True`` for a Rich bar (plain lines when stderr
     is not a terminal), ``None`` for plain lines, ``False`` for nothing. ``on_start`` gets the run
-    folder once it exists. Raises ``ModelUnavailable`` (the run saved as ``interrupted``) when
-    too many model requests in a row fail.
+    folder once it exists. ``executor``: where the groups run (default: this process; a
+    ``RayExecutor`` runs them on Ray workers, and this process still saves them). Raises
+    ``ModelUnavailable`` (the run saved as ``interrupted``) when too many model requests in a row fail.
     """
     if resume is not None:
         store = RunStore.open(Path(resume))
@@ -80,7 +82,9 @@ async def evaluate(
                 store.rewrite(plan.kept)
             if on_start is not None:
                 on_start(store.path)
-            return await _run(env, client, examples, metadata, store, plan.kept, progress, on_rollout)
+            return await _run(
+                env, client, examples, metadata, store, plan.kept, progress, on_rollout, executor
+            )
     spec = spec or RunSpec()
     examples = env.select(spec.num_examples)
     metadata = _new_metadata(env, client, env_id, env_args, spec)
@@ -89,13 +93,13 @@ async def evaluate(
     except TypeError as exc:
         raise RunStoreError(f"this run's settings cannot be saved as JSON: {exc}") from None
     if output_dir is None:
-        return await _run(env, client, examples, metadata, None, [], progress, on_rollout)
+        return await _run(env, client, examples, metadata, None, [], progress, on_rollout, executor)
     store = RunStore.create(Path(output_dir), env_id, client.model)
     metadata.run_id = store.path.name
     with store.lock():
         if on_start is not None:
             on_start(store.path)
-        return await _run(env, client, examples, metadata, store, [], progress, on_rollout)
+        return await _run(env, client, examples, metadata, store, [], progress, on_rollout, executor)
 
 
 async def _run(
@@ -107,6 +111,7 @@ async def _run(
     kept: list[Rollout],
     progress: bool | None,
     on_rollout: Callable[[Rollout], None] | None,
+    executor: GroupExecutor | None = None,
 ) -> EvalRun:
     """Run the examples without a saved group, saving each group as it is scored."""
     spec = metadata.spec
@@ -123,7 +128,8 @@ async def _run(
                            live_tokens=token_counter(client))  # fmt: skip
     status = "interrupted"
     try:
-        groups = stream_groups(env, client, todo, spec)
+        stream = executor.stream_groups if executor is not None else stream_groups
+        groups = stream(env, client, todo, spec)
         async with contextlib.aclosing(groups):
             with bar if bar is not None else contextlib.nullcontext():
                 async for group in groups:

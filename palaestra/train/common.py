@@ -23,6 +23,7 @@ from typing import Any
 
 from palaestra.train import checkpoint as ckpt
 from palaestra.train.config import ConfigError
+from palaestra.train.model import ADAPTER_DIR
 from palaestra.train.sft_config import ModelConfig, OptimConfig
 
 CONFIG_FILE = "config.toml"  # the resolved config a run was started with; --resume reads it back
@@ -251,6 +252,21 @@ def find_checkpoint(run_dir: Path, steps: int) -> tuple[Path | None, dict[str, A
     return checkpoint, state
 
 
+def check_resumable(checkpoint: Path | None, lora: bool) -> None:
+    """A checkpoint continues only the kind of run that saved it: a LoRA run's holds an adapter and
+    an optimizer state of the adapter's weights, a full fine-tuning run's the whole model's. (The
+    world size does not matter: every checkpoint holds the whole model and optimizer state.)"""
+    if checkpoint is None:
+        return
+    saved = (checkpoint / ADAPTER_DIR).is_dir()
+    if saved != lora:
+        kinds = {True: "a LoRA run", False: "a full fine-tuning run"}
+        raise ConfigError(
+            f"--resume: {checkpoint} was saved by {kinds[saved]} and this config is {kinds[lora]} "
+            f"(lora.enabled {str(lora).lower()}); resume with lora.enabled {str(saved).lower()}"
+        )
+
+
 @contextlib.contextmanager
 def first_writes(run_dir: Path, *, new: bool) -> Iterator[None]:
     """The block that writes a run folder's first files. If it fails, a ``new`` run's folder is left
@@ -290,7 +306,13 @@ def optimizer_and_schedule(model: Any, optim: OptimConfig, updates: int, state: 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: lr_factor(k, optim, updates))
     if state is None:
         return optimizer, scheduler, 0
-    optimizer.load_state_dict(state["optimizer"])
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError) as exc:  # torch: "... doesn't match the size of optimizer's group"
+        raise ConfigError(
+            f"--resume: the checkpoint's optimizer state does not fit this model's trainable weights "
+            f"({exc}); was it saved with another model or LoRA configuration?"
+        ) from None
     scheduler.load_state_dict(state["scheduler"])
     ckpt.restore_rng(state)
     return optimizer, scheduler, int(state["step"])

@@ -75,7 +75,12 @@ class LossConfig:
 
 
 def token_weights(
-    mask: torch.Tensor, normalizer: Normalizer, *, max_tokens: int = 1, rollouts: torch.Tensor | None = None
+    mask: torch.Tensor,
+    normalizer: Normalizer,
+    *,
+    max_tokens: int = 1,
+    rollouts: torch.Tensor | None = None,
+    batch: BatchCounts | None = None,
 ) -> torch.Tensor:
     """Each trained token's weight in the batch loss, from the *whole batch's* ``mask`` [B, T].
 
@@ -85,12 +90,16 @@ def token_weights(
 
     ``sequence``: 1 / (trained tokens of its rollout × rollouts); ``token``: 1 / tokens in the
     batch; ``constant``: 1 / (rollouts × ``max_tokens``).
+
+    When ``mask`` is one rank's share of a batch split across processes, ``batch`` gives the whole
+    batch's counts (``batch_counts`` of each share, summed): the weights are then the ones the
+    whole batch would give these tokens, so the ranks' summed gradient is the one-process gradient.
     """
     m = mask.float()
     if rollouts is None:
         rollouts = torch.arange(mask.shape[0])
-    trained = mask.any(dim=1)
-    count = max(int(torch.unique(rollouts[trained]).numel()), 1)
+    total = batch or batch_counts(mask, rollouts)
+    count = max(total.rollouts, 1)
     if normalizer == "sequence":
         per_row = m.sum(dim=1)
         per_rollout = torch.zeros(int(rollouts.max()) + 1 if rollouts.numel() else 1).index_add_(
@@ -98,10 +107,26 @@ def token_weights(
         )
         return m / per_rollout[rollouts].clamp(min=1)[:, None] / count
     if normalizer == "token":
-        return m / m.sum().clamp(min=1)
+        return m / max(total.tokens, 1)
     if normalizer == "constant":
         return m / (count * max_tokens)
     raise ValueError(f"unknown normalizer {normalizer!r}")
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """What the normalisers count over a batch: its trained tokens, and the rollouts that have some."""
+
+    tokens: int
+    rollouts: int
+
+
+def batch_counts(mask: torch.Tensor, rollouts: torch.Tensor | None = None) -> BatchCounts:
+    """The trained tokens of ``mask`` [B, T] and the rollouts (``rollouts`` [B]; else rows) with any."""
+    if rollouts is None:
+        rollouts = torch.arange(mask.shape[0])
+    trained = mask.any(dim=1)
+    return BatchCounts(tokens=int(mask.sum()), rollouts=int(torch.unique(rollouts[trained]).numel()))
 
 
 def _ratio(inputs: LossInputs) -> torch.Tensor:

@@ -8,6 +8,11 @@ the sampled positions only: the prompt and the environment's messages are contex
 The first pass also measures the sampler-vs-trainer mismatch (``mismatch.py``): its logprobs,
 before any optimizer step, against the sampler's. With a correction (TIS, MIS) on, every pass's
 ratios are taken against those first-pass logprobs and the correction weighs each token.
+
+Under torchrun (``distributed.py``) each rank updates on its share of the batch's groups: the
+token weights count the trained tokens and rollouts of *every* rank's share, and the gradients are
+summed over the ranks before clipping, so N ranks take the one-process step. A rank whose share
+trains nothing still takes part in each pass's sums.
 """
 
 from __future__ import annotations
@@ -19,7 +24,16 @@ from typing import Any
 
 import torch
 
-from palaestra.train.losses import LOSSES, LossConfig, LossInputs, compute_loss, token_weights
+from palaestra.train.distributed import World, sync_gradients
+from palaestra.train.losses import (
+    LOSSES,
+    BatchCounts,
+    LossConfig,
+    LossInputs,
+    batch_counts,
+    compute_loss,
+    token_weights,
+)
 from palaestra.train.mismatch import MismatchConfig, correction_weights, mismatch_sums
 from palaestra.train.rollout_tokens import TokenSequence
 
@@ -99,23 +113,34 @@ def policy_update(
     temperature: float = 1.0,
     reference: tuple[Any, Any] | None = None,
     mismatch: MismatchConfig | None = None,
+    world: World | None = None,
 ) -> UpdateStats:
     """``passes`` optimizer steps on ``sequences``; ``Diverged`` before touching the weights if not finite.
 
     ``temperature`` is the sampler's (logprobs are of the distribution it sampled from);
     ``reference`` is the (backbone, output layer) of the frozen starting model, for the KL penalty;
-    ``mismatch`` the sampler-mismatch corrections (none by default).
+    ``mismatch`` the sampler-mismatch corrections (none by default); ``world`` the training
+    processes, when ``sequences`` is this rank's share of the batch (the returned figures are the
+    whole batch's).
     """
     mismatch = mismatch or MismatchConfig()
+    world = world or World()
     _, normalizer = LOSSES[loss_config.name]
-    targets_mask = _padded([s.mask[1:] for s in sequences], False, torch.bool)  # position t predicts t + 1
-    rollouts = torch.tensor([s.rollout for s in sequences], dtype=torch.long)
+    targets_mask = torch.zeros((0, 0), dtype=torch.bool)
+    rollouts = torch.zeros(0, dtype=torch.long)
+    if sequences:
+        # position t predicts t + 1
+        targets_mask = _padded([s.mask[1:] for s in sequences], False, torch.bool)
+        rollouts = torch.tensor([s.rollout for s in sequences], dtype=torch.long)
+    mine = batch_counts(targets_mask, rollouts)
+    tokens, count = world.sum([mine.tokens, mine.rollouts])  # the whole batch's, over every rank
     weights_all = token_weights(
-        targets_mask, normalizer, max_tokens=loss_config.max_tokens, rollouts=rollouts
-    )
+        targets_mask, normalizer, max_tokens=loss_config.max_tokens, rollouts=rollouts,
+        batch=BatchCounts(tokens=int(tokens), rollouts=int(count)),
+    )  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
     groups = micro_batch_indices(sequences, micro_batch_tokens)
-    stats = UpdateStats(0.0, 0.0, int(targets_mask.sum()), 0.0, 0.0, 0.0, None)
+    stats = UpdateStats(0.0, 0.0, int(tokens), 0.0, 0.0, 0.0, None)
     # with a correction on: each micro-batch's first-pass logprobs and correction weights
     first: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     measured = dict.fromkeys(("log_ratio", "log_ratio_max", "kl", "tokens", "truncated", "masked"), 0.0)
@@ -151,16 +176,21 @@ def policy_update(
                            correction=weigh),
                 loss_config,
             )  # fmt: skip
-            if not math.isfinite(out.loss.item()):
-                optimizer.zero_grad(set_to_none=True)
-                raise Diverged("loss", out.loss.item())
-            out.loss.backward()
+            if math.isfinite(out.loss.item()):  # a non-finite one stops the update below, on every rank
+                out.loss.backward()
             with torch.no_grad():
                 sums["entropy"] += float(-(logp_all.exp() * logp_all).sum(-1).sum())
             sums["loss"] += out.loss.item()
             for key in ("clipped", "ratio", "kl"):
                 if key in out.metrics:
                     sums[key] += float(out.metrics[key])
+        sums = dict(zip(sums, world.sum(list(sums.values())), strict=True))  # the whole batch's
+        if pass_index == 0:
+            measured = _whole_batch(measured, world)
+        if not math.isfinite(sums["loss"]):
+            optimizer.zero_grad(set_to_none=True)
+            raise Diverged("loss", sums["loss"])
+        sync_gradients(params, world)  # the one-process gradient, on every rank
         clip = max_grad_norm if max_grad_norm > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
         if not math.isfinite(grad_norm):
@@ -181,6 +211,14 @@ def policy_update(
             mismatch=mismatch_stats(measured),
         )
     return stats
+
+
+def _whole_batch(measured: dict[str, float], world: World) -> dict[str, float]:
+    """The mismatch sums of every rank's share: added, and the largest ``log_ratio_max``."""
+    keys = [k for k in measured if k != "log_ratio_max"]
+    out = dict(zip(keys, world.sum([measured[k] for k in keys]), strict=True))
+    out["log_ratio_max"] = world.max(measured["log_ratio_max"])
+    return out
 
 
 def _add_measure(measured: dict[str, float], sums: dict[str, float], correction: Any) -> None:

@@ -26,6 +26,11 @@ may come from weights up to k updates old (never more; each step logs by how man
 sampler-vs-trainer mismatch is logged every step (``mismatch/...``) and, when asked (``loss.tis_cap``,
 ``loss.mis``), corrected by truncated or masked importance weights, the loss's ratios then taken
 against the trainer's own logprobs before the update (``mismatch.py``).
+
+Under torchrun (``distributed.py``), each rank samples its share of the step's groups with its
+own copy of the policy; the ranks exchange their rollouts, so advantages, logs and samples are the
+whole batch's; each rank then updates on every N-th rollout with the batch's token weights and the
+gradients are summed: N ranks take the one-process step. Only rank 0 writes and evaluates.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from palaestra.train.advantages import group_advantages
 from palaestra.train.common import (
     CONFIG_FILE,
     TrainingError,
+    check_resumable,
     diverged,
     first_writes,
     optimizer_and_schedule,
@@ -66,6 +72,15 @@ from palaestra.train.common import (
 from palaestra.train.config import ConfigError, load_config, to_toml
 from palaestra.train.curves import write_curves
 from palaestra.train.data import message_texts
+from palaestra.train.distributed import (
+    NullLog,
+    World,
+    broadcast_parameters,
+    check_shares,
+    join,
+    leave,
+    world_from_env,
+)
 from palaestra.train.losses import LossConfig
 from palaestra.train.metrics import MetricsLog, TrainProgress
 from palaestra.train.model import (
@@ -112,18 +127,29 @@ def train_rl(config: RLConfig, *, resume: str | Path | None = None, progress: bo
     """Train as ``config`` says (or continue the run in ``resume``); returns the run folder."""
     from palaestra.runner import run_async
 
-    return run_async(_train(config, Path(resume) if resume is not None else None, progress))
+    world = world_from_env()  # one process, or one rank of torchrun's
+    check_shares(config.train, world)  # a group is never split across ranks
+    if world.size > 1 and config.sampler.kind != "local":
+        raise ConfigError(
+            f"sampler.kind {config.sampler.kind}: several training processes sample with sampler.kind "
+            "local (each rank its share of the groups); run one process with a remote sampler"
+        )
+    try:
+        return run_async(_train(config, Path(resume) if resume is not None else None, progress, world))
+    finally:
+        leave(world)
 
 
-async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -> Path:
+async def _train(config: RLConfig, resume: Path | None, progress: bool | None, world: World) -> Path:
     import torch
 
     # -- check the input and load everything, before any work --------------------------------------
     config = dataclasses.replace(config, model=pinned(config.model))  # an SFT run's final -> its checkpoint
     run_dir = resume or Path(config.output.dir)
     checkpoint, state = start_from(run_dir, resume is not None, config.train.steps)
+    check_resumable(checkpoint, config.lora.enabled)
     set_threads(config.train.threads)
-    device = pick_device(config.train.device)
+    device = join(world, pick_device(config.train.device))
     bf16 = use_bf16(config.train.mixed_precision, device)
     torch.manual_seed(config.train.seed)
     env = _load_env(config.env.id, config.env.args, "env.args")
@@ -146,6 +172,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
             )
     if config.train.gradient_checkpointing:
         enable_gradient_checkpointing(model)
+    broadcast_parameters(model, world)  # every rank starts from rank 0's weights
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampler: Sampler
     if config.sampler.kind == "local":
@@ -154,13 +181,14 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
         sampler = RemoteSampler.of_run(config, model, tokenizer, run_dir)
         await sampler.check_reachable()  # an external server that is not there: refused before any write
     trainable, total = parameter_counts(model)
-    say = print if progress is not False else (lambda *_: None)
+    say = print if progress is not False and world.main else (lambda *_: None)
     groups_per_step = config.train.batch_size // config.train.rollouts_per_example
     say(f"env: {config.env.id}, {len(env.examples)} examples, {groups_per_step} groups of "
         f"{config.train.rollouts_per_example} per step\nmodel: {config.model.path or 'tiny'}, "
         f"{total / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable; {device.type}"
         f"{', bf16 autocast' if bf16 else ''}; sampler {config.sampler.kind}\n"
-        f"run: {run_dir}, {config.train.steps} steps, loss {config.loss.name}")  # fmt: skip
+        f"run: {run_dir}, {config.train.steps} steps, loss {config.loss.name}"
+        f"{f' on {world.size} processes' if world.size > 1 else ''}")  # fmt: skip
 
     # -- optimizer, learning-rate schedule, state of a resumed run --------------------------------
     opt = config.optim
@@ -172,17 +200,20 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                              kl_beta=config.loss.kl_beta, max_tokens=config.sampling.max_tokens)  # fmt: skip
     mismatch = config.loss.mismatch()
     sampling = config.sampling.as_sampling()
-    with first_writes(run_dir, new=resume is None):  # after every check: a refusal writes nothing
-        run_dir.mkdir(parents=True, exist_ok=True)
+    world.barrier()  # every rank has checked its input: rank 0 may write
+    # after every check, so a refusal writes nothing; only rank 0's files are removed if this fails
+    with first_writes(run_dir, new=resume is None and world.main):
         try:
             await sampler.start(start)  # a server that cannot serve what training needs: refused here
-            (run_dir / CONFIG_FILE).write_text(to_toml(config))
+            if world.main:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                (run_dir / CONFIG_FILE).write_text(to_toml(config))
         except BaseException:
             await sampler.aclose()  # a server it started stops with it
             raise
-    log = MetricsLog(run_dir, after_step=start, config=config)
+    log = MetricsLog(run_dir, after_step=start, config=config) if world.main else NullLog()
     show = RLProgress(config.train.steps, done=start, log_every=config.output.log_every,
-                      plain=None if progress else True, quiet=progress is False)  # fmt: skip
+                      plain=None if progress else True, quiet=progress is False or not world.main)  # fmt: skip
     last_saved = checkpoint
     model.eval()
 
@@ -192,15 +223,14 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                        seed=derive_seed("palaestra/rl", config.train.seed, step))  # fmt: skip
 
     async def sample(step: int) -> list[Rollout]:
-        return await collect(
-            env, sampler.client, step_examples(env.examples, step, groups_per_step), step_spec(step)
-        )
+        mine = world.share(step_examples(env.examples, step, groups_per_step))  # this rank's groups
+        return await collect(env, sampler.client, mine, step_spec(step))
 
     ahead = config.train.max_off_policy_steps
     batches = Batches(sampler, sample, ahead=ahead, steps=config.train.steps, version=start)
     try:
         with show, log, writes_stop_the_run(lambda: last_saved):
-            if start == 0 and eval_envs:  # where the policy starts from
+            if start == 0 and eval_envs and world.main:  # where the policy starts from
                 async with sampler_failures(0, sampler, last_saved), batches.newest():
                     log.write({"step": 0, **await _evaluate(eval_envs, sampler, config, run_dir, 0)})
 
@@ -212,7 +242,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                     await check_batch(batch.rollouts, step + 1, sampler, last_saved)
                     # k > 0: the next steps' batches are sampled while this one trains
                     await batches.sample_ahead(step)
-                rollouts = batch.rollouts
+                # the whole batch, every rank's groups, in the order one process has them (``collect``)
+                rollouts = sorted(world.gather(batch.rollouts), key=lambda r: (r.example_id, r.rollout_index))
                 t_sampled = time.perf_counter()
                 advantages = group_advantages(rollouts, scale=config.loss.advantage_scale)
                 learn = [(r, a) for r, a in zip(advantages.rollouts, advantages.values, strict=True)
@@ -227,12 +258,13 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                     async with sampler.updating():
                         try:
                             stats = await asyncio.to_thread(
-                                policy_update, model, head, backbone, optimizer, scheduler, sequences,
+                                policy_update, model, head, backbone, optimizer, scheduler,
+                                world.deal(sequences, key=lambda s: s.rollout),  # this rank's rollouts
                                 loss_config, passes=config.train.update_passes,
                                 micro_batch_tokens=config.train.micro_batch_tokens,
                                 max_grad_norm=opt.max_grad_norm, device=device, bf16=bf16, pad_id=pad_id,
                                 temperature=config.sampling.temperature, reference=reference,
-                                mismatch=mismatch,
+                                mismatch=mismatch, world=world,
                             )  # fmt: skip
                         except Diverged as exc:
                             raise diverged(step + 1, exc.what, exc.value, last_saved) from None
@@ -244,19 +276,21 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
                 record.update(off_policy_steps=step - batch.version, seconds_waiting=waited)
                 record["seconds_sync"], batches.sync_seconds = batches.sync_seconds, 0.0
                 done = step + 1 == config.train.steps
-                if eval_envs and (done or (config.eval.every and (step + 1) % config.eval.every == 0)):
+                evaluates = done or (config.eval.every and (step + 1) % config.eval.every == 0)
+                if world.main and eval_envs and evaluates:
                     async with sampler_failures(step + 1, sampler, last_saved), batches.newest():
                         record.update(await _evaluate(eval_envs, sampler, config, run_dir, step + 1))
                 log.write(record)
                 show.update(record)
                 every = config.output.sample_every
-                if every and ((step + 1) % every == 0 or done):
+                if world.main and every and ((step + 1) % every == 0 or done):
                     keep = config.output.sample_groups * config.train.rollouts_per_example
                     name = f"step-{step + 1:06d}"
                     header = _sample_metadata(rollouts[:keep], config, step_spec(step), name,
                                               version=batch.version, started=started)  # fmt: skip
                     _save_run(run_dir / "samples" / name, rollouts[:keep], header)
-                if done or (config.output.save_every and (step + 1) % config.output.save_every == 0):
+                saves = done or (config.output.save_every and (step + 1) % config.output.save_every == 0)
+                if world.main and saves:
                     last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
                                                       optimizer=optimizer, scheduler=scheduler, extra={})  # fmt: skip
                     write_curves([run_dir], run_dir / "curves.html")
@@ -266,6 +300,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None) -
         await sampler.aclose()
         for each in {id(e): e for e in [env, *(e for _, e in eval_envs)]}.values():
             await each.aclose()
+    if not world.main:
+        return run_dir
     final = point_final(run_dir, last_saved) if last_saved is not None else run_dir
     say(f"done: {final} (curves: {run_dir / 'curves.html'})")
     return run_dir

@@ -11,6 +11,10 @@
 4. Log every step (``metrics.jsonl``, ``curves.html``), checkpoint every ``save_every`` steps and
    at the end; a NaN or infinite loss or gradient stops the run before it touches the weights.
 
+Under torchrun (``distributed.py``) each rank trains its share of every step's conversations, the
+loss still divided by the trained tokens of the whole step, and the gradients are summed over the
+ranks: N ranks take the step one process would. Only rank 0 writes the run folder.
+
 ``resume`` continues a run from its last checkpoint: model, optimizer, scheduler, data position
 and RNG states, so the next step's loss equals the uninterrupted run's.
 """
@@ -28,6 +32,7 @@ from palaestra.train import checkpoint as ckpt
 from palaestra.train.batching import MicroBatch, micro_batches, step_indices
 from palaestra.train.common import (
     CONFIG_FILE,
+    check_resumable,
     diverged,
     first_writes,
     optimizer_and_schedule,
@@ -43,6 +48,16 @@ from palaestra.train.common import (
 from palaestra.train.config import ConfigError, load_config, to_toml
 from palaestra.train.curves import write_curves
 from palaestra.train.data import Chat, load_chats, message_texts
+from palaestra.train.distributed import (
+    NullLog,
+    World,
+    broadcast_parameters,
+    check_shares,
+    join,
+    leave,
+    sync_gradients,
+    world_from_env,
+)
 from palaestra.train.metrics import MetricsLog, TrainProgress
 from palaestra.train.model import (
     ADAPTER_DIR,
@@ -69,6 +84,15 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
     ``progress``: ``True`` for a Rich bar (plain lines when stderr is not a terminal), ``None`` for
     plain lines, ``False`` for nothing.
     """
+    world = world_from_env()  # one process, or one rank of torchrun's
+    check_shares(config.train, world)
+    try:
+        return _train_sft(config, resume, progress, world)
+    finally:
+        leave(world)
+
+
+def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | None, world: World) -> Path:
     import torch
 
     # -- 1. check the input and load everything, before any work ---------------------------------
@@ -76,8 +100,9 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
     train, opt = config.train, config.optim
     run_dir = Path(resume if resume is not None else config.output.dir)
     checkpoint, state = start_from(run_dir, resume is not None, train.steps)
+    check_resumable(checkpoint, config.lora.enabled)
     set_threads(train.threads)
-    device = pick_device(train.device)
+    device = join(world, pick_device(train.device))
     bf16 = use_bf16(train.mixed_precision, device)
     torch.manual_seed(train.seed)
     chats = load_chats(config.data.path)
@@ -101,10 +126,11 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
     if config.lora.enabled:
         check_lora_targets(model, config.lora)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    world.barrier()  # every rank has checked its input: rank 0 may write
 
     # -- 2. the run folder, LoRA, the optimizer: a failure here leaves a new run's folder empty ------
-    with first_writes(run_dir, new=resume is None):
-        if checkpoint is None and config.model.tiny is not None:  # built here: the base to resume LoRA on
+    with first_writes(run_dir, new=resume is None and world.main):  # only rank 0's files to remove
+        if world.main and checkpoint is None and config.model.tiny is not None:  # the base to resume LoRA on
             model.save_pretrained(run_dir / BASE_MODEL_DIR)
             tokenizer.save_pretrained(run_dir / BASE_MODEL_DIR)
         if config.lora.enabled:
@@ -117,18 +143,21 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
         optimizer, scheduler, first_step = optimizer_and_schedule(model, config.optim, train.steps, state)
         if train.gradient_checkpointing:
             enable_gradient_checkpointing(model)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_train_prompts(run_dir, (c.messages for c in chats), config.data.path)  # eval warns of overlap
-        (run_dir / CONFIG_FILE).write_text(to_toml(config))  # last: a refused --resume keeps the old one
+        broadcast_parameters(model, world)  # every rank starts from rank 0's weights
+        if world.main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            # eval warns of overlap with these prompts
+            write_train_prompts(run_dir, (c.messages for c in chats), config.data.path)
+            (run_dir / CONFIG_FILE).write_text(to_toml(config))  # last: a refused --resume keeps the old one
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    if progress is not False:
-        print(describe(examples, config, *parameter_counts(model), device, bf16, run_dir))
+    if progress is not False and world.main:
+        print(describe(examples, config, *parameter_counts(model), device, bf16, run_dir, world))
 
     # -- 3. train ----------------------------------------------------------------------------------
     backbone, head = backbone_and_head(model)
-    log = MetricsLog(run_dir, after_step=first_step, config=config)
+    log = MetricsLog(run_dir, after_step=first_step, config=config) if world.main else NullLog()
     show = TrainProgress(train.steps, done=first_step, log_every=config.output.log_every,
-                         plain=None if progress else True, quiet=progress is False)  # fmt: skip
+                         plain=None if progress else True, quiet=progress is False or not world.main)  # fmt: skip
     last_saved = checkpoint
     model.train()
     with show, log, writes_stop_the_run(lambda: last_saved):
@@ -137,21 +166,28 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
             batch = [examples[i] for i in step_indices(len(examples), train.batch_size, train.seed, step)]
             trained = sum(e.trained for e in batch)  # the loss is the mean over the step's trained tokens
             shared = shared_prefix_length(batch) if train.share_prefix else 0
-            loss_value, padding = 0.0, 0
+            mine = world.share(batch)  # this rank's conversations (all of them in one process)
+            loss_value, padding = 0.0, 0.0
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                prefix = SharedPrefix(backbone, batch[0].input_ids[:shared], device) if shared else None
+                prefix = (
+                    SharedPrefix(backbone, mine[0].input_ids[:shared], device) if shared and mine else None
+                )
                 for micro in micro_batches(
-                    batch, max_tokens=train.micro_batch_tokens, pad_id=pad_id, start=shared
+                    mine, max_tokens=train.micro_batch_tokens, pad_id=pad_id, start=shared
                 ):
                     cache = prefix.cache_for(micro.rows) if prefix else {}
                     loss = token_loss_sum(backbone, head, micro, device, cache) / trained
-                    if not math.isfinite(loss.item()):
-                        raise diverged(step + 1, "loss", loss.item(), last_saved)
                     loss.backward()
                     loss_value += loss.item()
                     padding += micro.padding
                 if prefix:
                     prefix.backward()
+            # every rank's share of the step; each rank with rows ran the shared prefix once
+            loss_value, padding, prefixes = world.sum([loss_value, padding, prefix is not None])
+            if not math.isfinite(loss_value):  # before any weight moves
+                optimizer.zero_grad(set_to_none=True)
+                raise diverged(step + 1, "loss", loss_value, last_saved)
+            sync_gradients(params, world)  # the one-process gradient, on every rank
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, opt.max_grad_norm or math.inf))
             if not math.isfinite(grad_norm):
                 raise diverged(step + 1, "gradient norm", grad_norm, last_saved)
@@ -162,7 +198,7 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
 
             seconds = time.perf_counter() - t0
             tokens = sum(len(e.input_ids) for e in batch)
-            computed = tokens - (len(batch) - 1) * shared + padding  # positions the model ran on
+            computed = int(tokens - (len(batch) - prefixes) * shared + padding)  # positions the model ran on
             record = {
                 "step": step + 1,
                 "epoch": (step + 1) * train.batch_size / len(examples),
@@ -183,11 +219,15 @@ def train_sft(config: SFTConfig, *, resume: str | Path | None = None, progress: 
             if step + 1 == train.steps or (
                 config.output.save_every and (step + 1) % config.output.save_every == 0
             ):
-                last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
-                                                  optimizer=optimizer, scheduler=scheduler,
-                                                  extra={"data_fingerprint": fingerprint})  # fmt: skip
-                write_curves([run_dir], run_dir / CURVES_FILE)
-                show.note(f"checkpoint: {last_saved}")
+                if world.main:
+                    last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
+                                                      optimizer=optimizer, scheduler=scheduler,
+                                                      extra={"data_fingerprint": fingerprint})  # fmt: skip
+                    write_curves([run_dir], run_dir / CURVES_FILE)
+                    show.note(f"checkpoint: {last_saved}")
+                world.barrier()  # no rank runs ahead of a checkpoint it could be resumed from
+    if not world.main:
+        return run_dir
     assert last_saved is not None  # the last step always saves
     final = point_final(run_dir, last_saved)
     if progress is not False:
@@ -251,6 +291,7 @@ def describe(
     device: Any,
     bf16: bool,
     run_dir: Path,
+    world: World | None = None,
 ) -> str:
     """What is about to be trained, in three lines: data, model, run."""
     tokens = sum(len(e.input_ids) for e in examples)
@@ -264,6 +305,7 @@ def describe(
         f"model: {config.model.path or 'tiny'}, {total / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable "
         f"({kind}); {device.type}, {'bf16 autocast' if bf16 else 'float32'}\n"
         f"run: {run_dir}, {config.train.steps} steps of {config.train.batch_size} conversations"
+        + (f" on {world.size} processes" if world is not None and world.size > 1 else "")
     )
 
 

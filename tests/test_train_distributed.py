@@ -1,0 +1,246 @@
+"""Data-parallel training on 2 processes (torchrun, gloo on the CPU) takes the very step one process
+takes: SFT end to end through ``palaestra train sft --nproc 2``, every RL loss on a fixed batch;
+only rank 0 writes; a checkpoint loads at any world size; bad input is one line, exit 2, nothing
+written. Tiny models, one thread per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import palaestra as pa
+from palaestra.cli import main
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+tictactoe = pytest.importorskip("tictactoe")
+
+from distributed_rl import CASES, run_case  # noqa: E402 - after the skips: it imports torch
+
+from palaestra.train import sft  # noqa: E402
+from palaestra.train.distributed import World  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Each process on one thread (the ranks are separate processes: they inherit the variable)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def weights(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def assert_same_weights(a: dict[str, Any], b: dict[str, Any], atol: float) -> None:
+    assert a.keys() == b.keys()
+    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    assert worst <= atol, f"weights differ by up to {worst}"
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def sft_config(tmp_path: Path, model_dir: Path) -> Path:
+    rows = []
+    for i in range(8):
+        reply = " ".join(
+            ["the cat sat on the mat", "a red bird flew over the tree"][i % 2].split()[: 3 + i % 4]
+        )
+        rows.append(
+            {"messages": [{"role": "user", "content": f"say {i}"}, {"role": "assistant", "content": reply}]}
+        )
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = tmp_path / "sft.toml"
+    path.write_text(f"""
+[model]
+path = "{model_dir}"
+[data]
+path = "{tmp_path / "chats.jsonl"}"
+max_length = 48
+[optim]
+lr = 1e-2
+[train]
+steps = 3
+batch_size = 4
+micro_batch_tokens = 48
+threads = 1
+[output]
+dir = "{tmp_path / "run"}"
+save_every = 1
+""")
+    return path
+
+
+@pytest.mark.slow
+def test_sft_steps_at_2_processes_are_the_one_process_steps_and_checkpoints_load_at_any_size(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = sft_config(tmp_path, tiny_model_dir)
+    run = tmp_path / "run"  # the one-process run: 3 steps, a checkpoint after each
+    assert main(["train", "sft", str(config), "--quiet"]) == 0
+    # a copy of it at step 1, whose step 2 is taken on 2 processes: an N=1 checkpoint loads at N=2
+    split = tmp_path / "split"
+    shutil.copytree(run, split, symlinks=True)
+    for step in (2, 3):
+        shutil.rmtree(split / "checkpoints" / f"step-00000{step}")
+    capsys.readouterr()
+    code = main(["train", "sft", "--resume", str(split), "--train.steps", "2", "--nproc", "2", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert_same_weights(weights(split / "checkpoints" / "step-000002"), weights(run / "checkpoints" / "step-000002"),
+                        atol=1e-4)  # fmt: skip  # 1% of one step of AdamW at lr 1e-2
+    one, two = metrics(run), metrics(split)
+    assert [r["step"] for r in two] == [1, 2]  # rank 0 alone wrote the log: no step twice
+    for key in ("loss", "grad_norm", "trained_tokens", "tokens"):
+        assert two[1][key] == pytest.approx(one[1][key], rel=1e-5), key
+    # and the checkpoint saved at N=2 resumes at N=1, to the one-process run's step 3
+    assert main(["train", "sft", "--resume", str(split), "--train.steps", "3", "--quiet"]) == 0
+    assert_same_weights(weights(split / "final"), weights(run / "final"), atol=1e-4)
+    assert (split / "final").resolve().name == "step-000003"
+
+
+@pytest.fixture(scope="module")
+def two_ranks(
+    tiny_model_dir: Path, tiny_tictactoe_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """One torchrun launch of 2 ranks (``distributed_rl.py``): every loss's update, then an RL run."""
+    out = tmp_path_factory.mktemp("two-ranks")
+    config = out / "rl.toml"
+    config.write_text(f"""
+[model]
+path = "{tiny_tictactoe_model_dir}"
+[env]
+id = "tictactoe"
+args = {{num_examples = 8}}
+[sampling]
+max_tokens = 6
+[train]
+steps = 1
+batch_size = 8
+rollouts_per_example = 2
+threads = 1
+[eval]
+num_examples = 2
+sets = [{{name = "held-out", args = {{num_examples = 2, seed = 100}}}}]
+[output]
+dir = "{out / "run"}"
+sample_every = 1
+sample_groups = 4
+""")
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(HERE / "distributed_rl.py"), str(tiny_model_dir), str(out), str(config)],
+        check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.slow
+def test_each_rl_loss_at_2_processes_takes_the_one_process_update(
+    tiny_model_dir: Path, two_ranks: Path
+) -> None:
+    for case in CASES:
+        alone, stats = run_case(tiny_model_dir, case, World())
+        assert_same_weights(torch.load(two_ranks / f"{case[0]}.pt"), alone, atol=1e-5)  # lr 1e-3
+        two = json.loads((two_ranks / f"{case[0]}.json").read_text())
+        assert two["trained_tokens"] == stats.trained_tokens
+        for key in ("loss", "grad_norm", "entropy", "ratio_mean", "clipped_fraction"):
+            assert two[key] == pytest.approx(getattr(stats, key), rel=1e-5, abs=1e-7), (case[0], key)
+        if case[2]:
+            assert two["kl"] == pytest.approx(stats.kl, rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_an_rl_run_on_2_processes_writes_once_evaluates_on_rank_0_and_resumes_on_1(two_ranks: Path) -> None:
+    run = two_ranks / "run"
+    records = metrics(run)
+    assert [r["step"] for r in records] == [0, 1]  # one log, one held-out evaluation before training
+    assert records[1]["groups"] == 4 and "eval/held-out/reward" in records[0]  # every rank's groups
+    sample = pa.load_run(run / "samples" / "step-000001")  # the whole batch: both ranks' rollouts
+    assert sorted({r.example_id for r in sample.rollouts}) == [0, 1, 2, 3] and len(sample.rollouts) == 8
+    assert len(pa.load_run(run / "evals" / "step-000001" / "held-out").rollouts) == 2
+    # saved on 2 processes, it goes on in one
+    assert main(["train", "rl", "--resume", str(run), "--train.steps", "2", "--quiet"]) == 0
+    assert [r["step"] for r in metrics(run)] == [0, 1, 2]
+    assert (run / "final").resolve().name == "step-000002"
+
+
+def test_a_world_size_that_does_not_divide_the_batch_is_one_line_and_writes_nothing(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = sft_config(tmp_path, tiny_model_dir)
+    assert main(["train", "sft", str(config), "--nproc", "3"]) == 2  # checked before any process starts
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "palaestra: error: train.batch_size (4) is not divisible by the world size (3 processes): "
+        "use a multiple of 3, or another number of processes"
+    )
+    # under torchrun itself (its variables set), each rank refuses before joining the others
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["train", "sft", str(config)]) == 2
+    assert "is not divisible by the world size (3 processes)" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "1")  # another rank: the same refusal, and only rank 0 says it
+    assert main(["train", "sft", str(config)]) == 2
+    assert capsys.readouterr().err == ""
+    assert not (tmp_path / "run").exists()
+    rl = tmp_path / "rl.toml"  # RL: the groups of a step are shared, never split
+    rl.write_text(f'[model]\npath = "{tiny_model_dir}"\n[env]\nid = "tictactoe"\n[train]\nbatch_size = 12\n'
+                  f'rollouts_per_example = 4\n[output]\ndir = "{tmp_path / "rl"}"\n')  # fmt: skip
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "rl", str(rl)]) == 2
+    assert "the groups of a step (train.batch_size / train.rollouts_per_example) (3) is not divisible by " \
+           "the world size (2 processes)" in capsys.readouterr().err  # fmt: skip
+    assert not (tmp_path / "rl").exists()
+    assert (
+        main(
+            [
+                "train",
+                "rl",
+                str(rl),
+                "--train.batch_size",
+                "8",
+                "--sampler.kind",
+                "vllm",
+                "--sampler.url",
+                "http://127.0.0.1:9/v1",
+                "--sampler.weights_dir",
+                str(tmp_path / "w"),
+            ]
+        )
+        == 2
+    )
+    assert "several training processes sample with sampler.kind local" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line_and_kept(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = sft_config(tmp_path, tiny_model_dir)
+    run = tmp_path / "run"
+    assert main(["train", "sft", str(config), "--train.steps", "1", "--quiet"]) == 0
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    # the saved optimizer state is of the full model; a LoRA run cannot continue from it
+    code = main(["train", "sft", "--resume", str(run), "--train.steps", "2", "--lora.enabled", "true"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "checkpoint" in err, err
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
+    assert sft.resume_config(run).lora.enabled is False  # config.toml kept as it was
