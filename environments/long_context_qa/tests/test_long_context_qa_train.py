@@ -16,62 +16,12 @@ from palaestra.cli import main
 from palaestra.data.rollouts import save_dataset
 from palaestra.repl import live_workers
 from palaestra.testing.repl import sandbox_problem, sandbox_processes
+from palaestra.testing.train_smoke import rl_toml, sft_toml
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 PROBLEM = sandbox_problem()
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=f"no bubblewrap sandbox here: {PROBLEM}")
-
-SFT = """
-[data]
-path = "{data}"
-max_length = 2048
-
-[model.tiny]
-vocab_size = 600
-hidden_size = 32
-intermediate_size = 64
-num_layers = 1
-num_heads = 2
-num_kv_heads = 1
-max_positions = 2048
-
-[optim]
-lr = 1e-2
-
-[train]
-steps = 3
-batch_size = 4
-micro_batch_tokens = 8192
-threads = 1
-
-[output]
-dir = "{run}"
-"""
-
-RL = """
-[model]
-path = "{model}"
-
-[env]
-id = "long_context_qa"
-args = {{num_examples = 4, records = 200, limits = {{call_seconds = 5.0}}}}
-
-[sampling]
-max_tokens = 16
-
-[train]
-steps = 2
-batch_size = 4
-rollouts_per_example = 2
-threads = 1
-
-[eval]
-num_examples = 2
-
-[output]
-dir = "{run}"
-"""
 
 
 def test_sft_then_local_client_then_rl_on_a_tiny_rlm(
@@ -83,8 +33,8 @@ def test_sft_then_local_client_then_rl_on_a_tiny_rlm(
     assert all(r.reward == 1.0 and r.tools for r in taught)
     assert all("Record 00150" not in json.dumps(r.messages) for r in taught)  # the sub-calls read it, not SFT
     save_dataset(taught, tmp_path / "solver")
-    (tmp_path / "sft.toml").write_text(SFT.format(data=tmp_path / "solver", run=tmp_path / "sft"))
-    assert main(["train", "sft", str(tmp_path / "sft.toml"), "--quiet"]) == 0, capsys.readouterr().err
+    sft = sft_toml(tmp_path / "sft.toml", tmp_path / "solver", tmp_path / "sft")
+    assert main(["train", "sft", str(sft), "--quiet"]) == 0, capsys.readouterr().err
     model = tmp_path / "sft" / "final"
 
     async def play() -> list[pa.Rollout]:
@@ -99,8 +49,14 @@ def test_sft_then_local_client_then_rl_on_a_tiny_rlm(
     assert len(played) == 2 and all(r.error is None and r.reward is not None for r in played)
     assert all(r.turns[0].prompt_token_ids and r.tools for r in played)  # the tools were in its prompt
 
-    (tmp_path / "rl.toml").write_text(RL.format(model=model, run=tmp_path / "rl"))
-    code = main(["train", "rl", str(tmp_path / "rl.toml"), "--quiet"])
+    rl = rl_toml(
+        tmp_path / "rl.toml",
+        model,
+        tmp_path / "rl",
+        "long_context_qa",
+        "{num_examples = 4, records = 200, limits = {call_seconds = 5.0}}",
+    )
+    code = main(["train", "rl", str(rl), "--quiet"])
     assert code == 0, capsys.readouterr().err
     records = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] > 0]  # (a random tiny model earns no reward: no signal yet)
