@@ -128,6 +128,8 @@ def _read_weights(files: list[Path]) -> dict[str, Any]:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
+    if request.content_type != "application/json":  # as vLLM's endpoints answer a body sent as anything else
+        raise web.HTTPBadRequest(reason="Unsupported Media Type: Only 'application/json' is allowed")
     try:
         body = orjson.loads(await request.read() or b"{}")
     except orjson.JSONDecodeError:

@@ -122,6 +122,17 @@ async def test_reload_weights_reads_the_served_folder_again(served: tuple[str, P
     assert other[0] == 400 and "only the method 'reload_weights'" in other[1]["error"]["message"]
 
 
+async def test_a_body_not_sent_as_json_is_refused_as_vllm_refuses_it(served: tuple[str, Path]) -> None:
+    """vLLM's LoRA endpoints answer 400 to a JSON body without ``Content-Type: application/json``;
+    so does this stand-in, so the sampler's requests that pass here pass there."""
+    url, _ = served
+    root = url.removesuffix("/v1")
+    body = b'{"lora_name": "x", "lora_path": "/nowhere"}'
+    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/collective_rpc"):
+        async with aiohttp.ClientSession() as session, session.post(root + path, data=body) as resp:
+            assert resp.status == 400 and "Only 'application/json' is allowed" in await resp.text()
+
+
 async def test_without_the_flag_there_are_no_weight_sync_routes(tiny_model_dir: Path) -> None:
     from palaestra.clients.local import LocalClient
 

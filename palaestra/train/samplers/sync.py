@@ -50,7 +50,12 @@ async def post(root: str, path: str, body: dict[str, Any], headers: dict[str, st
     try:
         async with aiohttp.ClientSession(headers=headers) as session:
             async with session.post(
-                url, data=orjson.dumps(body), timeout=aiohttp.ClientTimeout(total=600)
+                url,
+                data=orjson.dumps(body),
+                headers={
+                    "Content-Type": "application/json"
+                },  # vLLM refuses its LoRA endpoints' bodies without
+                timeout=aiohttp.ClientTimeout(total=600),
             ) as r:
                 status, raw = r.status, await r.read()
     except (aiohttp.ClientError, TimeoutError) as exc:
