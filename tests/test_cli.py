@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from processes import default_sigint
 
 from palaestra.cli import main
 from palaestra.testing import FakeOpenAIServer, reverse_reply
@@ -142,7 +143,7 @@ async def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path: Path) -> None:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "palaestra.cli", "eval", "reverse_text", "-m", server.model,
             "-b", server.base_url, "-n", "4", "-r", "1", "-o", str(tmp_path),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint,
         )  # fmt: skip
         await asyncio.wait_for(started.wait(), timeout=60)
         proc.send_signal(signal.SIGINT)

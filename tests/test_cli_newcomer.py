@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from processes import default_sigint
+
 POLICIES = """
 import asyncio
 
@@ -82,6 +84,7 @@ def test_the_resume_hint_of_a_scripted_run_repeats_its_model(tmp_path: Path) -> 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     deadline = time.monotonic() + 60
     while not list((tmp_path / "outputs").glob("evals/*/*/metadata.json")):
