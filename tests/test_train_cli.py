@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_configs import tiny_sft_toml
 
 from palaestra.cli import main
+from palaestra.testing.train_smoke import sft_toml
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -35,7 +35,17 @@ def games(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def config(tmp_path: Path, games: Path) -> Path:
-    return tiny_sft_toml(tmp_path / "sft.toml", games, tmp_path / "run", steps=2, batch_size=4, lr=1e-3)
+    return sft_toml(
+        tmp_path / "sft.toml",
+        games,
+        tmp_path / "run",
+        steps=2,
+        lr=1e-3,
+        length=256,
+        vocab_size=300,
+        heads=None,
+        micro_batch_tokens=1024,
+    )
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, str]:

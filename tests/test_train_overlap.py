@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from train_configs import tiny_sft_toml
 
 import palaestra as pa
 from palaestra.cli import main
+from palaestra.testing.train_smoke import sft_toml
 from palaestra.train.overlap import PROMPTS_FILE, prompt_key, train_prompts_for
 
 pytest.importorskip("torch")
@@ -27,7 +27,18 @@ def sft_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rollouts = asyncio.run(env.run(pa.ScriptedClient(double_check.stubborn), pa.RunSpec()))
     data = tmp / "teacher.jsonl"
     data.write_text("".join(json.dumps({"messages": r.messages}) + "\n" for r in rollouts))
-    config = tiny_sft_toml(tmp / "sft.toml", data, tmp / "run", steps=1, batch_size=2)
+    config = sft_toml(
+        tmp / "sft.toml",
+        data,
+        tmp / "run",
+        steps=1,
+        batch_size=2,
+        lr=None,
+        length=256,
+        vocab_size=300,
+        heads=None,
+        micro_batch_tokens=1024,
+    )
     assert main(["train", "sft", str(config), "--quiet"]) == 0
     return tmp / "run"
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_configs import tiny_sft_toml
 
 from palaestra.cli import main
+from palaestra.testing.train_smoke import sft_toml as tiny_sft_toml
 from palaestra.train import checkpoint as ckpt
 
 torch = pytest.importorskip("torch")
@@ -42,6 +42,10 @@ def sft_toml(tmp_path: Path, games: Path) -> Path:
         steps=3,
         batch_size=4,
         lr=1e-3,
+        length=256,
+        vocab_size=300,
+        heads=None,
+        micro_batch_tokens=1024,
         output="save_every = 1",
     )
 
