@@ -9,6 +9,11 @@ The first pass also measures the sampler-vs-trainer mismatch (``mismatch.py``): 
 before any optimizer step, against the sampler's. With a correction (TIS, MIS) on, every pass's
 ratios are taken against those first-pass logprobs and the correction weighs each token.
 
+With ``share_prefix``, the leading tokens every sequence of the batch starts with and none trains
+on (an environment's system prompt: ~250 of a tic-tac-toe game's ~850) run once per pass
+(``prefix.py``); each micro-batch continues from their keys and values. Same loss and gradients,
+to float rounding (tested).
+
 Under torchrun (``distributed.py``) each rank updates on its share of the batch's groups: the
 token weights count the trained tokens and rollouts of *every* rank's share, and the gradients are
 summed over the ranks before clipping, so N ranks take the one-process step. A rank whose share
@@ -35,6 +40,7 @@ from palaestra.train.losses import (
     token_weights,
 )
 from palaestra.train.mismatch import MismatchConfig, correction_weights, mismatch_sums
+from palaestra.train.prefix import SharedPrefix, common_prefix_length
 from palaestra.train.rollout_tokens import TokenSequence
 
 
@@ -58,14 +64,18 @@ class UpdateStats:
     entropy: float  # mean entropy of the policy at the trained tokens (nats)
     kl: float | None
     mismatch: dict[str, float] = field(default_factory=dict)  # the first pass's, see ``mismatch_stats``
+    shared_prefix: int = 0  # tokens run once per pass for every sequence (``share_prefix``)
 
 
-def micro_batch_indices(sequences: Sequence[TokenSequence], max_tokens: int) -> list[list[int]]:
-    """Sequence indices grouped so that rows × longest row ≤ ``max_tokens`` (a longer one goes alone)."""
+def micro_batch_indices(
+    sequences: Sequence[TokenSequence], max_tokens: int, start: int = 0
+) -> list[list[int]]:
+    """Sequence indices grouped so that rows × longest row ≤ ``max_tokens`` (a longer one goes
+    alone), each row counted from token ``start`` on (after a shared prefix)."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].input_ids), reverse=True)
     groups: list[list[int]] = []
     for i in order:
-        if groups and len(sequences[groups[-1][0]].input_ids) * (len(groups[-1]) + 1) <= max_tokens:
+        if groups and (len(sequences[groups[-1][0]].input_ids) - start) * (len(groups[-1]) + 1) <= max_tokens:
             groups[-1].append(i)
         else:
             groups.append([i])
@@ -79,13 +89,23 @@ def sampled_logprobs(
     attention: torch.Tensor,
     mask: torch.Tensor,
     temperature: float = 1.0,
+    prefix: SharedPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The logprobs of the tokens at ``mask`` (positions of ``inputs[:, 1:]``), and the full
     log-distributions there (for the entropy); the output layer runs on those positions only.
 
     The logits are divided by the sampling ``temperature``, as the sampler did: the ratio to the
-    sampler's logprobs is then 1 for unchanged weights at any temperature."""
-    hidden = backbone(input_ids=inputs, attention_mask=attention, use_cache=False).last_hidden_state
+    sampler's logprobs is then 1 for unchanged weights at any temperature. With a ``prefix``, the
+    rows continue it (``inputs`` are their tokens after it; the padding is at the end, where
+    causal attention never looks back from a real token, so no attention mask is needed)."""
+    if prefix is None:
+        hidden = backbone(input_ids=inputs, attention_mask=attention, use_cache=False).last_hidden_state
+    else:
+        rows, width = inputs.shape
+        positions = torch.arange(prefix.length, prefix.length + width, device=inputs.device).expand(rows, -1)
+        hidden = backbone(
+            input_ids=inputs, position_ids=positions, use_cache=True, **prefix.cache_for(rows)
+        ).last_hidden_state
     logp_all = (head(hidden[:, :-1][mask]).float() / temperature).log_softmax(-1)
     return logp_all.gather(1, inputs[:, 1:][mask][:, None]).squeeze(1), logp_all
 
@@ -114,6 +134,7 @@ def policy_update(
     reference: tuple[Any, Any] | None = None,
     mismatch: MismatchConfig | None = None,
     world: World | None = None,
+    share_prefix: bool = False,
 ) -> UpdateStats:
     """``passes`` optimizer steps on ``sequences``; ``Diverged`` before touching the weights if not finite.
 
@@ -121,7 +142,7 @@ def policy_update(
     ``reference`` is the (backbone, output layer) of the frozen starting model, for the KL penalty;
     ``mismatch`` the sampler-mismatch corrections (none by default); ``world`` the training
     processes, when ``sequences`` is this rank's share of the batch (the returned figures are the
-    whole batch's).
+    whole batch's); ``share_prefix`` runs the sequences' common untrained start once per pass.
     """
     mismatch = mismatch or MismatchConfig()
     world = world or World()
@@ -139,30 +160,46 @@ def policy_update(
         batch=BatchCounts(tokens=int(tokens), rollouts=int(count)),
     )  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = micro_batch_indices(sequences, micro_batch_tokens)
+    shared = 0
+    if share_prefix and sequences:
+        shared = common_prefix_length(
+            [s.input_ids for s in sequences], [s.mask.index(True) for s in sequences]
+        )
+    groups = micro_batch_indices(sequences, micro_batch_tokens, start=shared)
     stats = UpdateStats(0.0, 0.0, int(tokens), 0.0, 0.0, 0.0, None)
     # with a correction on: each micro-batch's first-pass logprobs and correction weights
     first: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     measured = dict.fromkeys(("log_ratio", "log_ratio_max", "kl", "tokens", "truncated", "masked"), 0.0)
     for pass_index in range(passes):
         sums = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "entropy": 0.0, "kl": 0.0}
+        prefix = ref_prefix = None
+        if shared:  # this pass's weights: computed again each pass
+            ids = sequences[0].input_ids[:shared]
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                prefix = SharedPrefix(backbone, ids, device)
+                if reference is not None:
+                    with torch.no_grad():
+                        ref_prefix = SharedPrefix(reference[0], ids, device)
         for g, group in enumerate(groups):
             rows = [sequences[i] for i in group]
-            width = max(len(s.input_ids) for s in rows) - 1
-            inputs = _padded([s.input_ids for s in rows], pad_id, torch.long).to(device)
-            attention = _padded([[1] * len(s.input_ids) for s in rows], 0, torch.long).to(device)
-            mask = targets_mask[group, :width].to(device)
+            width = max(len(s.input_ids) for s in rows) - 1 - shared  # predicting positions, after the prefix
+            inputs = _padded([s.input_ids[shared:] for s in rows], pad_id, torch.long).to(device)
+            attention = _padded([[1] * (len(s.input_ids) - shared) for s in rows], 0, torch.long).to(device)
+            mask = targets_mask[group, shared : shared + width].to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                chosen, logp_all = sampled_logprobs(backbone, head, inputs, attention, mask, temperature)
+                chosen, logp_all = sampled_logprobs(
+                    backbone, head, inputs, attention, mask, temperature, prefix
+                )
             logprobs = torch.zeros(mask.shape, device=device).masked_scatter(mask, chosen)
             ref = None
             if reference is not None:
                 with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    ref_chosen, _ = sampled_logprobs(*reference, inputs, attention, mask, temperature)
+                    ref_chosen, _ = sampled_logprobs(
+                        *reference, inputs, attention, mask, temperature, ref_prefix
+                    )
                 ref = torch.zeros(mask.shape, device=device).masked_scatter(mask, ref_chosen)
-            sampler = _padded([s.sampler_logprobs[1:] for s in rows], 0.0, torch.float32)[:, :width].to(
-                device
-            )
+            sampler = _padded([s.sampler_logprobs[1 + shared :] for s in rows], 0.0, torch.float32)[:, :width]
+            sampler = sampler.to(device)
             if pass_index == 0:  # the weights the sampler should have had: measure how far it was
                 old = logprobs.detach()
                 correction = correction_weights(old - sampler, mask, mismatch)
@@ -172,8 +209,8 @@ def policy_update(
             baseline, weigh = first.get(g, (sampler, None))
             advantages = torch.tensor([s.advantage for s in rows], dtype=torch.float32, device=device)
             out = compute_loss(
-                LossInputs(logprobs, baseline, advantages, mask, weights_all[group, :width].to(device), ref,
-                           correction=weigh),
+                LossInputs(logprobs, baseline, advantages, mask,
+                           weights_all[group, shared : shared + width].to(device), ref, correction=weigh),
                 loss_config,
             )  # fmt: skip
             if math.isfinite(out.loss.item()):  # a non-finite one stops the update below, on every rank
@@ -184,6 +221,8 @@ def policy_update(
             for key in ("clipped", "ratio", "kl"):
                 if key in out.metrics:
                     sums[key] += float(out.metrics[key])
+        if prefix is not None:
+            prefix.backward()  # the gradients the micro-batches sent to the prefix's keys and values
         sums = dict(zip(sums, world.sum(list(sums.values())), strict=True))  # the whole batch's
         if pass_index == 0:
             measured = _whole_batch(measured, world)
@@ -209,6 +248,7 @@ def policy_update(
             entropy=sums["entropy"] / n,
             kl=sums["kl"] / n if loss_config.kl_beta > 0 else None,
             mismatch=mismatch_stats(measured),
+            shared_prefix=shared,
         )
     return stats
 

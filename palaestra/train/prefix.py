@@ -1,5 +1,8 @@
 """Shared-prefix training: the context every conversation of a step starts with is computed once.
 
+Both trainers use it: SFT on a step's conversations (``train.share_prefix``), RL on a step's sampled
+sequences (``train.share_prefix`` in its config; ``policy_update.py``).
+
 Conversations from one environment start alike: the system prompt and the start of the first
 user message are about 250 of a tic-tac-toe game's ~570 tokens. A step runs the model on that
 shared prefix once and keeps its graph. Each micro-batch attends to the prefix's keys and values
@@ -25,10 +28,18 @@ MIN_PREFIX = 16  # shorter shared prefixes are not worth a separate forward pass
 
 def shared_prefix_length(examples: Sequence[Encoded]) -> int:
     """How many leading tokens all ``examples`` share and none trains on (0 when too few to bother)."""
-    limit = min(e.prompt_length for e in examples) - 1  # the state before the first trained token
-    first = examples[0].input_ids
+    return common_prefix_length([e.input_ids for e in examples], [e.prompt_length for e in examples])
+
+
+def common_prefix_length(rows: Sequence[Sequence[int]], first_trained: Sequence[int]) -> int:
+    """How many leading ids all ``rows`` share, stopping before the hidden state that predicts
+    any row's first trained token (``first_trained``: its index); 0 when too few to bother."""
+    if not rows:
+        return 0
+    limit = min(first_trained) - 1
+    first = rows[0]
     length = 0
-    while length < limit and all(e.input_ids[length] == first[length] for e in examples):
+    while length < limit and all(row[length] == first[length] for row in rows):
         length += 1
     return length if length >= MIN_PREFIX else 0
 

@@ -264,7 +264,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                                 micro_batch_tokens=config.train.micro_batch_tokens,
                                 max_grad_norm=opt.max_grad_norm, device=device, bf16=bf16, pad_id=pad_id,
                                 temperature=config.sampling.temperature, reference=reference,
-                                mismatch=mismatch, world=world,
+                                mismatch=mismatch, world=world, share_prefix=config.train.share_prefix,
                             )  # fmt: skip
                         except Diverged as exc:
                             raise diverged(step + 1, exc.what, exc.value, last_saved) from None
@@ -358,7 +358,8 @@ def step_record(
     if stats is not None:
         record.update(loss=stats.loss, grad_norm=stats.grad_norm, trained_tokens=stats.trained_tokens,
                       clipped_fraction=stats.clipped_fraction, ratio_mean=stats.ratio_mean,
-                      entropy=stats.entropy, trained_tokens_per_s=stats.trained_tokens / max(training_s, 1e-9))  # fmt: skip
+                      entropy=stats.entropy, trained_tokens_per_s=stats.trained_tokens / max(training_s, 1e-9),
+                      shared_prefix=stats.shared_prefix)  # fmt: skip
         if stats.kl is not None:
             record["kl"] = stats.kl
         record.update({f"mismatch/{name}": value for name, value in stats.mismatch.items()})

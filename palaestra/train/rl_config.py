@@ -111,6 +111,7 @@ class RLTrainConfig:
     device: str = "auto"
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"
     gradient_checkpointing: bool = False  # recompute activations in the backward: memory for compute
+    share_prefix: bool = True  # run the start all of a step's sequences share (the system prompt) once
     threads: int = 0
 
     def __post_init__(self) -> None:
@@ -118,6 +119,11 @@ class RLTrainConfig:
                      "max_concurrent"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.gradient_checkpointing and self.share_prefix:
+            raise ValueError(
+                "gradient_checkpointing needs share_prefix = false: the shared prefix's cached states "
+                "are not recomputed in the backward pass"
+            )
         if not 0 <= self.max_off_policy_steps <= 1000:
             raise ValueError(
                 f"max_off_policy_steps must be between 0 and 1000, got {self.max_off_policy_steps}"
