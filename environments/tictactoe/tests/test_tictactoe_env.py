@@ -272,11 +272,15 @@ async def test_reward_numbers_can_be_set_and_are_checked() -> None:
     assert stall.metrics["invalid_move_penalty"] == pytest.approx(-2.0) and stall.metrics["win_reward"] == -1
     flat = ttt.load_environment(num_examples=4, opponent="optimal", invalid_move_penalty=0.3)
     assert (await play_example(flat, always_taken, 0)).metrics["invalid_move_penalty"] == pytest.approx(-0.3)
+    heavy = ttt.load_environment(num_examples=4, opponent="optimal", format_weight=1.0)
+    draw = await play_example(heavy, ttt.optimal_player, 0)
+    assert draw.metrics["format_reward"] == 1.0 and draw.reward == pytest.approx(0.5 + 1.0)
     for bad, match in (
         ({"rewards": "lenient"}, "rewards must be one of talk, strict"),
         ({"invalid_move_penalty": -0.1}, "invalid_move_penalty must be a number in"),
         ({"unfinished_reward": float("nan")}, "unfinished_reward must be a number"),
         ({"unfinished_reward": True}, "unfinished_reward must be a number"),
+        ({"format_weight": 11}, "format_weight must be a number in"),
     ):
         with pytest.raises(ValueError, match=match):
             ttt.load_environment(num_examples=4, **bad)

@@ -180,6 +180,7 @@ def load_environment(
     rewards: str = "talk",
     invalid_move_penalty: float | None = None,
     unfinished_reward: float | None = None,
+    format_weight: float | None = None,
 ) -> TicTacToeEnv:
     """The tic-tac-toe environment (see the README for every argument).
 
@@ -187,7 +188,7 @@ def load_environment(
     ``opponent="optimal"`` or ``"random"`` sets both to 0.0 or 1.0. ``rewards`` names the rules for
     invalid moves and unfinished games (``"talk"``: −0.1 once per game, unfinished 0; ``"strict"``:
     −0.1 per invalid reply, unfinished −0.5); ``invalid_move_penalty`` and ``unfinished_reward``
-    change their numbers.
+    change their numbers, ``format_weight`` the weight of the format reward (0.2).
     """
     check_int("num_examples", num_examples, minimum=1)
     check_int("max_turns", max_turns, minimum=1)
@@ -197,7 +198,7 @@ def load_environment(
         raise ValueError(f"num_groups ({num_groups}) cannot exceed num_examples ({num_examples})")
     check_choice("variant", variant, VARIANTS)
     check_choice("rewards", rewards, tuple(REWARD_RULES))
-    rules_of_reward = _reward_rules(rewards, invalid_move_penalty, unfinished_reward)
+    rules_of_reward = _reward_rules(rewards, invalid_move_penalty, unfinished_reward, format_weight)
     rules: Variant = "talk_v1" if variant == "talk_v1" else "standard"
     low, high = _random_move_range(opponent, min_random_move_prob, max_random_move_prob, rules)
     parser = pa.XMLParser(["move"] if rules == "talk_v1" else ["think", "move"], answer_field="move")
@@ -219,8 +220,13 @@ def load_environment(
     )
 
 
-def _reward_rules(name: str, penalty: float | None, unfinished_value: float | None) -> RewardRules:
+def _reward_rules(
+    name: str, penalty: float | None, unfinished_value: float | None, format_weight: float | None
+) -> RewardRules:
     rules = REWARD_RULES[name]
+    if format_weight is not None:
+        check_number("format_weight", format_weight, low=0.0, high=10.0)
+        rules = replace(rules, format_weight=float(format_weight))
     if penalty is not None:
         check_number("invalid_move_penalty", penalty, low=0.0, high=10.0)
         rules = replace(rules, invalid_move_penalty=float(penalty))

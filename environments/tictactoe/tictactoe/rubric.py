@@ -38,6 +38,7 @@ class RewardRules:
     invalid_move_penalty: float = 0.1  # the size of the penalty (subtracted)
     per_move: bool = False  # False: once per game that had an invalid move; True: per invalid reply
     unfinished_reward: float = 0.0  # win_reward of a game cut off by the turn cap
+    format_weight: float = 0.2  # the weight of format_reward (the share of replies in the format)
 
 
 REWARD_RULES: dict[str, RewardRules] = {
@@ -124,7 +125,7 @@ def make_rubric(
     """The rubric of ``variant`` under ``rules``: its weighted rewards, then the metrics."""
     rubric = pa.Rubric(parser=parser)
     rubric.add(outcome_reward(rules.unfinished_reward), 1.0)
-    rubric.add(format_reward, 0.2)
+    rubric.add(format_reward, rules.format_weight)
     if variant == "standard":
         rubric.add(invalid_penalty(rules.invalid_move_penalty, per_move=rules.per_move), 1.0)
     for metric in (won, drew, lost, unfinished, invalid_moves, had_invalid_move, turns):
