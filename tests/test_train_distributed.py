@@ -115,6 +115,21 @@ def test_sft_steps_at_2_processes_are_the_one_process_steps_and_checkpoints_load
     assert (split / "final").resolve().name == "step-000003"
 
 
+def test_a_bad_row_in_another_ranks_share_is_one_line_from_rank_0_and_writes_nothing(
+    tiny_model_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    config = sft_config(tmp_path, tiny_model_dir)
+    data = tmp_path / "chats.jsonl"
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    rows[6]["messages"][0]["content"] = "say " + "the cat sat " * 40  # row 6: in rank 1's share of 8
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["train", "sft", str(config), "--nproc", "2", "--quiet"]) == 2
+    err = capfd.readouterr().err
+    assert err.count("palaestra: error:") == 1, err
+    assert "data.max_length 48 is shorter than the prompt of row 6" in err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.fixture(scope="module")
 def two_ranks(
     tiny_model_dir: Path, tiny_tictactoe_model_dir: Path, tmp_path_factory: pytest.TempPathFactory

@@ -117,7 +117,9 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
         model, tokenizer = load_model(
             model_config, lambda: message_texts(c.messages for c in chats), device=device
         )
-    examples = encode_all(tokenizer, chats, config, end_of_turn_ids(tokenizer, model.generation_config))
+    examples = encode_shared(
+        tokenizer, chats, config, end_of_turn_ids(tokenizer, model.generation_config), world
+    )
     fingerprint = data_fingerprint(examples)
     if state is not None and state["data_fingerprint"] != fingerprint:
         raise ConfigError(
@@ -253,11 +255,33 @@ def token_loss_sum(backbone: Any, head: Any, micro: MicroBatch, device: Any, cac
     return F.cross_entropy(logits.float(), targets[trained], reduction="sum")
 
 
-def encode_all(tokenizer: Any, chats: list[Chat], config: SFTConfig, end_of_turn: set[int]) -> list[Encoded]:
-    """Every conversation tokenised and masked; a ``max_length`` that cuts off a prompt is an error."""
+def encode_shared(
+    tokenizer: Any, chats: list[Chat], config: SFTConfig, end_of_turn: set[int], world: World
+) -> list[Encoded]:
+    """``encode_all`` with each rank tokenising its share of the conversations: every rank then has
+    them all, in order, or every rank raises the first bad row's error (rank 0 prints it)."""
+    start = world.rank * len(chats) // world.size  # where world.share(chats) starts
+    part: list[Encoded] = []
+    error = None
+    try:
+        part = encode_all(tokenizer, world.share(chats), config, end_of_turn, first_row=start)
+    except ConfigError as exc:
+        error = str(exc)
+    shares = world.gather([(error, part)])
+    for error, _ in shares:
+        if error is not None:
+            raise ConfigError(error)
+    return [example for _, examples in shares for example in examples]
+
+
+def encode_all(
+    tokenizer: Any, chats: list[Chat], config: SFTConfig, end_of_turn: set[int], first_row: int = 0
+) -> list[Encoded]:
+    """Every conversation tokenised and masked; a ``max_length`` that cuts off a prompt is an error.
+    ``first_row``: the data's row number of ``chats[0]`` (in the errors)."""
     max_length = config.data.max_length
     examples = []
-    for i, (messages, tools) in enumerate(chats):
+    for i, (messages, tools) in enumerate(chats, first_row):
         try:
             example = encode(tokenizer, messages, max_length=max_length, end_of_turn=end_of_turn, tools=tools)
         except ValueError as exc:
