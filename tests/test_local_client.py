@@ -309,3 +309,30 @@ async def test_a_prompt_far_beyond_the_context_is_refused_before_it_is_tokenised
         assert (await client.chat(user("the cat."), sampling=greedy(2))).finish_reason == "length"
     finally:
         await client.aclose()
+
+
+async def test_a_lora_model_is_given_the_cache_by_its_base_models_argument(model_dir: Path) -> None:
+    """A PEFT model's forward takes ``**kwargs``: the client reads the argument names of the model
+    under it, so the cache goes by the name that model takes (no deprecated-argument warning), and
+    greedy replies are the plain model's (a fresh adapter changes nothing)."""
+    import warnings
+
+    from palaestra.train.model import add_lora
+    from palaestra.train.sft_config import LoraConfig
+
+    plain = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    wrapped = add_lora(
+        transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        LoraConfig(enabled=True, rank=4, target_modules=("q_proj", "v_proj")),
+    )
+    lora = LocalClient.from_model(wrapped, tokenizer, name="lora")
+    base = LocalClient.from_model(plain, tokenizer, name="plain")
+    assert lora.forward_args == base.forward_args
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        replies = [await c.chat(user("the cat sat on the mat."), sampling=greedy(8)) for c in (lora, base)]
+    assert replies[0].token_ids == replies[1].token_ids
+    assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]
+    await lora.aclose()
+    await base.aclose()

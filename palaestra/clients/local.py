@@ -187,7 +187,9 @@ class LocalClient:
         self.eos_token_ids = set(eos) | ({tokenizer.eos_token_id} - {None})
         if not self.eos_token_ids:
             raise ValueError(f"{name} has no EOS token: replies could never end")
-        self.forward_args = set(inspect.signature(hf_model.forward).parameters)
+        # a PEFT model's forward takes **kwargs and hands them to its base model: read the base's
+        base = hf_model.get_base_model() if hasattr(hf_model, "get_base_model") else hf_model
+        self.forward_args = set(inspect.signature(base.forward).parameters)
         added = getattr(tokenizer, "added_tokens_decoder", {})
         self.special_ids = frozenset(i for i, token in added.items() if token.special)
         tags = {added[i].content: i for i in self.special_ids}  # decoding would drop these tool tags
