@@ -83,7 +83,7 @@ PLANS = {
         # both cores: SFT and RL data-parallel over two processes, the one-process step (same games)
         nproc=2,
     ),
-    "tiny": Plan(20000, "tiny.toml", ["tiny-rl.toml"], 200, 48),
+    "tiny": Plan(20000, "tiny.toml", ["tiny-rl.toml"], 200, 48, nproc=2),
     "smollm2": Plan(600, "smollm2.toml", ["smollm2-rl.toml"], 200, 64),
 }
 
@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--lora", action="store_true", help="LoRA instead of full fine-tuning (smollm2)")
     parser.add_argument("--rl", action="store_true", help="smollm2: also train with RL")
     parser.add_argument("--no-baseline", action="store_true", help="skip evaluating the model before SFT")
+    parser.add_argument("--nproc", type=int, default=None, help="training processes (default: the recipe's)")
     parser.add_argument("--workdir", type=Path, default=Path("outputs/tictactoe"))
     parser.add_argument(
         "--sft-set",
@@ -122,7 +123,7 @@ def main() -> None:
     teacher_games = args.teacher_games or plan.teacher_games
     evals = args.workdir / "evals"
     times: dict[str, float] = {}
-    nproc = max(1, min(plan.nproc, os.cpu_count() or 1))
+    nproc = args.nproc or max(1, min(plan.nproc, os.cpu_count() or 1))
 
     start = time.perf_counter()
     teacher = args.workdir / f"teacher-{teacher_games}-won-drew"
