@@ -12,7 +12,7 @@ import pytest
 import palaestra as pa
 from palaestra.cli import main
 from palaestra.testing.train_smoke import sft_toml
-from palaestra.train.overlap import PROMPTS_FILE, prompt_key, train_prompts_for
+from palaestra.train.overlap import PROMPTS_FILE, overlapping, prompt_key, train_prompts_for
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -75,3 +75,30 @@ def test_eval_warns_when_its_examples_were_trained_on(
     assert "warning: 4 of the 4 examples to run were prompts of the SFT data" in err
     assert main([*args, "-a", '{"seed": 7}']) == 0
     assert "overlaps the training data" not in capsys.readouterr().err
+
+
+def test_a_prompt_that_opens_several_examples_is_not_an_overlap(
+    sft_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tic-tac-toe's examples share ten openings and differ after them (the opponent's seed): a
+    model trained on games of seed 1 evaluated on games of seed 0 shares every opening, and that is
+    not evaluating on its training data."""
+    pytest.importorskip("tictactoe")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "final").symlink_to((sft_run / "final").resolve())
+    teacher = {
+        prompt_key(e.prompt) for e in pa.load_environment("tictactoe", num_examples=50, seed=1).examples
+    }
+    assert len(teacher) < 50  # the openings repeat
+    (run / PROMPTS_FILE).write_text(json.dumps({"data": "teacher", "prompts": sorted(teacher)}))
+    prompts = [e.prompt for e in pa.load_environment("tictactoe", num_examples=200, seed=0).examples]
+    assert {prompt_key(p) for p in prompts[:2]} <= teacher  # the two games to run open as teacher games do
+    env_args = '{"num_examples": 200, "seed": 0, "max_turns": 1}'
+    args = ["eval", "tictactoe", "-m", str(run / "final"), "-a", env_args, "-n", "2", "-r", "1", "-t", "2"]
+    assert main([*args, "-o", str(tmp_path / "out"), "--quiet"]) == 0
+    assert "overlaps the training data" not in capsys.readouterr().err
+    trained = {prompt_key(p) for p in prompts}
+    assert overlapping(prompts, trained, prompts) == 0  # ten openings, each of many games
+    # the same opening in a dataset where it opens one example alone identifies that example
+    assert overlapping(prompts[:1], trained, prompts[:1]) == 1

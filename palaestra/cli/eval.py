@@ -209,7 +209,7 @@ def _warn_of_training_overlap(model: str, env: pa.Environment, spec: RunSpec) ->
         return
     run_dir, trained = found
     examples = env.select(spec.num_examples)
-    shared = overlapping([e.prompt for e in examples], trained)
+    shared = overlapping([e.prompt for e in examples], trained, [e.prompt for e in env.examples])
     if shared:
         print(
             f"palaestra: warning: {shared} of the {len(examples)} examples to run were prompts of the SFT "

@@ -4,13 +4,15 @@ Teacher data and evaluation sets often come from the same environment, differing
 seed, and can share prompts without anyone noticing. The SFT trainer writes the prompts it
 trains on (``RUN_DIR/train_prompts.json``: a sha256 per distinct prompt, the messages before the
 first assistant reply); ``palaestra eval -m CHECKPOINT`` reads them back for a model trained here
-and warns when examples it is about to run were among them.
+and warns when examples it is about to run were among them. A prompt that opens several of the
+environment's examples (a game's opening message) identifies none of them and is not counted.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -56,6 +58,13 @@ def train_prompts_for(model: str | Path) -> tuple[Path, set[str]] | None:
     return None
 
 
-def overlapping(prompts: Sequence[Messages], trained: set[str]) -> int:
-    """How many of ``prompts`` are among the ``trained`` prompt keys."""
-    return sum(prompt_key(p) in trained for p in prompts)
+def overlapping(prompts: Sequence[Messages], trained: set[str], dataset: Sequence[Messages] = ()) -> int:
+    """How many of ``prompts`` are among the ``trained`` prompt keys.
+
+    ``dataset``: the prompts of all the environment's examples. A prompt that opens more than one
+    of them (a game's "New game, you move first") does not tell its example apart: an interactive
+    environment's examples differ after it (the opponent's seed, its moves), so sharing it with
+    the training data is not evaluating on the training data, and it is not counted."""
+    keys = [prompt_key(p) for p in prompts]
+    opened = Counter(prompt_key(p) for p in dataset) if dataset else Counter(keys)
+    return sum(key in trained and opened[key] <= 1 for key in keys)
