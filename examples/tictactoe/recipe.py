@@ -50,7 +50,10 @@ class Plan:
     sft: str  # config file in this folder
     rl: list[str]  # RL stages, each from the previous one's final checkpoint
     games: int  # protocol games per opponent
-    max_tokens: int  # per reply, in evaluation (the RL configs sample with the same cap)
+    # per reply, in evaluation (the RL configs sample with the same cap); above the teacher's
+    # longest reply (50 tokens of the tiny model's, with its end), or the student is taught
+    # replies that the cap cuts
+    max_tokens: int
     sft_args: tuple[str, ...] = ()
     rl_args: tuple[str, ...] = ()
     nproc: int = 1  # training processes (data-parallel, ``--nproc``), at most one per core
@@ -62,7 +65,7 @@ PLANS = {
         "tiny.toml",
         ["tiny-rl.toml"],
         200,
-        48,
+        64,
         sft_args=("--train.steps", "600"),
         # 60 steps of 96 games at lr 5e-4: at the full run's 1e-3 this weak student learned to
         # repeat its move after the reply (README: the demo)
@@ -75,6 +78,8 @@ PLANS = {
             "96",
             "--optim.lr",
             "5e-4",
+            "--optim.schedule",
+            "constant",
             "--eval.every",
             "0",
             "--output.save_every",
@@ -83,7 +88,7 @@ PLANS = {
         # both cores: SFT and RL data-parallel over two processes, the one-process step (same games)
         nproc=2,
     ),
-    "tiny": Plan(20000, "tiny.toml", ["tiny-rl.toml"], 200, 48, nproc=2),
+    "tiny": Plan(20000, "tiny.toml", ["tiny-rl.toml"], 200, 64, nproc=2),
     "smollm2": Plan(600, "smollm2.toml", ["smollm2-rl.toml"], 200, 64),
 }
 
