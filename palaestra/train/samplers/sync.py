@@ -89,16 +89,65 @@ def replace_files(source: Path, target: Path) -> None:
 
 def save_served(model: Any, tokenizer: Any, folder: Path, *, base: bool) -> None:
     """The weights a server should serve, written into ``folder``: the model (a LoRA model merged
-    into a copy), or with ``base`` its base model without the adapter; with the tokenizer."""
+    into a copy), or with ``base`` its base model without the adapter; with the tokenizer. An
+    output layer tied to the input embedding is written untied (``untie_output_layer``)."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     served = model
     if is_lora(model):
         served = copy.deepcopy(model).unload() if base else copy.deepcopy(model).merge_and_unload()
     served.save_pretrained(str(tmp))
+    untie_output_layer(served, tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     replace_files(tmp, folder)
+
+
+def untie_output_layer(model: Any, folder: Path) -> None:
+    """Make the output layer of a tied model a weight of its own in the saved ``folder``.
+
+    A tied model (SmolLM2, Qwen2.5-0.5B, Llama-3.2-1B: the output layer is the input embedding)
+    is saved with the embedding only. vLLM's in-place ``reload_weights`` then refills the
+    embedding but not the output layer (vLLM 0.32: "ParallelLMHead: Failed to load weights"), so
+    after a sync it samples with the new body and the *old* output layer: measured on SmolLM2
+    after one update, its logprobs were off the trainer's by 2e-3 per token on average (up to
+    0.05), and matched the new body with the old output layer to 1e-6. Written untied
+    (``tie_word_embeddings: false`` and the output weight saved beside the others), the output
+    layer is a checkpoint weight every load and reload reads; the values are the same."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    config = getattr(model, "config", None)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    inputs = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if (
+        config is None
+        or not getattr(config, "tie_word_embeddings", False)
+        or output is None
+        or inputs is None
+    ):
+        return
+    if output.weight.data_ptr() != inputs.weight.data_ptr():
+        return  # not tied after all
+    name = next(n for n, m in model.named_modules() if m is output) + ".weight"
+    weight = output.weight.detach().to("cpu", copy=True).contiguous()
+    index, single = folder / "model.safetensors.index.json", folder / "model.safetensors"
+    if index.exists():  # sharded: the loaders read the files its index names
+        save_file({name: weight}, str(folder / "output-layer.safetensors"), metadata={"format": "pt"})
+        data = json.loads(index.read_text())
+        data["weight_map"][name] = "output-layer.safetensors"
+        index.write_text(json.dumps(data, indent=2))
+    elif single.exists():
+        tensors = load_file(str(single))
+        tensors[name] = weight
+        save_file(tensors, str(single), metadata={"format": "pt"})
+    else:
+        return  # not a safetensors checkpoint: left as saved
+    config_file = folder / "config.json"
+    saved = json.loads(config_file.read_text())
+    saved["tie_word_embeddings"] = False
+    config_file.write_text(json.dumps(saved, indent=2))
 
 
 class LoraSync:
