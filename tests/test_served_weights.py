@@ -43,10 +43,20 @@ def test_a_tied_model_is_served_untied_with_the_same_outputs(tmp_path: Path) -> 
 
 def test_an_untied_model_is_served_as_it_is(tmp_path: Path) -> None:
     from conftest import tiny_sentences
+    from safetensors import safe_open
 
     from palaestra.tiny_model import TinyConfig, build_tiny_model
     from palaestra.train.samplers.sync import save_served
 
     model, tokenizer = build_tiny_model(tiny_sentences(), TinyConfig(tie_embeddings=False))
     save_served(model, tokenizer, tmp_path / "served", base=False)
-    assert json.loads((tmp_path / "served" / "config.json").read_text())["tie_word_embeddings"] is False
+    model.save_pretrained(tmp_path / "plain")  # what transformers writes, for comparison
+    served, plain = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("served", "plain"))
+    assert served == plain and served["tie_word_embeddings"] is False
+    assert sorted(p.name for p in (tmp_path / "served").glob("*.safetensors")) == ["model.safetensors"]
+    with (
+        safe_open(str(tmp_path / "served" / "model.safetensors"), "pt") as a,
+        safe_open(str(tmp_path / "plain" / "model.safetensors"), "pt") as b,
+    ):
+        assert set(a.keys()) == set(b.keys())
+        assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
