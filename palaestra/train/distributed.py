@@ -248,11 +248,6 @@ def launch(nproc: int, argv: list[str]) -> int:
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "palaestra", *argv)
     except ChildFailedError as exc:
-        # a refusal of the input (exit status 2) is every rank's own, rank 0 printed it; a rank
-        # torchelastic stops after it can die of a signal (gloo aborts it) and be the first
-        # failure on record, which must not turn the refusal into "rank N was killed"
-        if any(f.exitcode == 2 for f in exc.failures.values()):
-            return 2
         rank, failure = exc.get_first_failure()
         if failure.exitcode > 0:
             return failure.exitcode
