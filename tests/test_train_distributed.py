@@ -130,6 +130,21 @@ def test_a_bad_row_in_another_ranks_share_is_one_line_from_rank_0_and_writes_not
     assert not (tmp_path / "run").exists()
 
 
+def test_a_rank_of_torchruns_ends_with_its_own_status_and_its_last_words(tmp_path: Path) -> None:
+    """A rank leaves without the interpreter's teardown (where gloo's threads could abort it after a
+    refusal and turn exit 2 into SIGABRT); its status and its error line still come out."""
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": "test", "RANK": "0", "WORLD_SIZE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "palaestra", "train", "sft", str(tmp_path / "missing.toml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("palaestra: error:") and "missing.toml" in done.stderr, done.stderr
+
+
 @pytest.fixture(scope="module")
 def two_ranks(
     tiny_model_dir: Path, tiny_tictactoe_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
