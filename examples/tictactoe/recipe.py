@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,23 +56,33 @@ class Plan:
     # replies that the cap cuts
     max_tokens: int
     sft_args: tuple[str, ...] = ()
-    rl_args: tuple[str, ...] = ()
+    rl_args: tuple[str, ...] = ()  # every RL stage's overrides
+    stage_args: tuple[tuple[str, ...], ...] = ()  # each RL stage's own, after rl_args (one per stage)
     nproc: int = 1  # training processes (data-parallel, ``--nproc``), at most one per core
+
+    def __post_init__(self) -> None:
+        if self.stage_args and len(self.stage_args) != len(self.rl):
+            raise ValueError(f"stage_args has {len(self.stage_args)} entries for {len(self.rl)} RL stages")
+
+
+def env_args(config: str, **changes: object) -> str:
+    """``--env.args`` for the environment arguments of ``config`` (in this folder) with ``changes``."""
+    with open(HERE / config, "rb") as f:
+        args = tomllib.load(f)["env"]["args"] | changes
+    return "{" + ", ".join(f"{key} = {json.dumps(value)}" for key, value in args.items()) + "}"
 
 
 PLANS = {
     "demo": Plan(
         8000,
         "tiny.toml",
-        ["tiny-rl.toml"],
+        ["tiny-rl.toml", "tiny-rl.toml"],
         200,
         64,
         sft_args=("--train.steps", "600"),
-        # 60 steps of 96 games at lr 5e-4: at the full run's 1e-3 this weak student learned to
-        # repeat its move after the reply (README: the demo)
+        # lr 5e-4: at the full run's 1e-3 this weak student learned to repeat its move after the
+        # reply (README: the demo)
         rl_args=(
-            "--train.steps",
-            "60",
             "--train.batch_size",
             "96",
             "--train.max_concurrent",
@@ -82,8 +93,19 @@ PLANS = {
             "constant",
             "--eval.every",
             "0",
-            "--output.save_every",
-            "60",
+        ),
+        # two stages: 60 steps against opponents that seldom blunder (randomness 0-0.25: it learns
+        # to draw), then 30 on the full run's 0-1 (to win); on 0-1 alone its draws fell
+        stage_args=(
+            (
+                "--train.steps",
+                "60",
+                "--output.save_every",
+                "60",
+                "--env.args",
+                env_args("tiny-rl.toml", max_random_move_prob=0.25),
+            ),
+            ("--train.steps", "30", "--output.save_every", "30"),
         ),
         # both cores: SFT and RL data-parallel over two processes, the one-process step (same games)
         nproc=2,
@@ -208,6 +230,7 @@ def main() -> None:
                         "--model.path",
                         previous,
                         *plan.rl_args,
+                        *(plan.stage_args[i - 1] if plan.stage_args else ()),
                         *(f"--{o}" for o in args.rl_set),
                         nproc=nproc,
                     )
