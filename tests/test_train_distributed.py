@@ -133,7 +133,8 @@ def test_a_bad_row_in_another_ranks_share_is_one_line_from_rank_0_and_writes_not
 def test_a_rank_of_torchruns_ends_with_its_own_status_and_its_last_words(tmp_path: Path) -> None:
     """A rank leaves without the interpreter's teardown (where gloo's threads could abort it after a
     refusal and turn exit 2 into SIGABRT); its status and its error line still come out."""
-    env = {**os.environ, "TORCHELASTIC_RUN_ID": "test", "RANK": "0", "WORLD_SIZE": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as by default
+    env |= {"TORCHELASTIC_RUN_ID": "test", "RANK": "0", "WORLD_SIZE": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "palaestra", "train", "sft", str(tmp_path / "missing.toml")],
         env=env,
@@ -143,6 +144,10 @@ def test_a_rank_of_torchruns_ends_with_its_own_status_and_its_last_words(tmp_pat
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("palaestra: error:") and "missing.toml" in done.stderr, done.stderr
+    listed = subprocess.run(  # stdout to a pipe is block-buffered: it must be flushed before the end
+        [sys.executable, "-m", "palaestra", "envs"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert listed.returncode == 0 and "tictactoe\t" in listed.stdout, listed.stderr
 
 
 @pytest.fixture(scope="module")
