@@ -21,6 +21,7 @@ and reading the weights once per step. It is the next mechanism to add for large
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 from pathlib import Path
@@ -90,34 +91,37 @@ def replace_files(source: Path, target: Path) -> None:
 def save_served(model: Any, tokenizer: Any, folder: Path, *, base: bool) -> None:
     """The weights a server should serve, written into ``folder``: the model (a LoRA model merged
     into a copy), or with ``base`` its base model without the adapter; with the tokenizer. An
-    output layer tied to the input embedding is written untied (``untie_output_layer``)."""
+    output layer tied to the input embedding is written untied (``untied_state``), in the same
+    single write."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     served = model
     if is_lora(model):
         served = copy.deepcopy(model).unload() if base else copy.deepcopy(model).merge_and_unload()
-    served.save_pretrained(str(tmp))
-    untie_output_layer(served, tmp)
+    state = untied_state(served)
+    served.save_pretrained(str(tmp), **({"state_dict": state} if state is not None else {}))
+    if state is not None:
+        config_file = tmp / "config.json"
+        config_file.write_text(
+            json.dumps(json.loads(config_file.read_text()) | {"tie_word_embeddings": False}, indent=2)
+        )
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     replace_files(tmp, folder)
 
 
-def untie_output_layer(model: Any, folder: Path) -> None:
-    """Make the output layer of a tied model a weight of its own in the saved ``folder``.
+def untied_state(model: Any) -> dict[str, Any] | None:
+    """The state dict of a tied model with its output layer as a weight of its own (a copy of
+    the input embedding), to be saved with ``tie_word_embeddings: false``; ``None`` for a model
+    whose output layer is not tied.
 
     A tied model (SmolLM2, Qwen2.5-0.5B, Llama-3.2-1B: the output layer is the input embedding)
     is saved with the embedding only. vLLM's in-place ``reload_weights`` then refills the
     embedding but not the output layer (vLLM 0.32: "ParallelLMHead: Failed to load weights"), so
     after a sync it samples with the new body and the *old* output layer: measured on SmolLM2
     after one update, its logprobs were off the trainer's by 2e-3 per token on average (up to
-    0.05), and matched the new body with the old output layer to 1e-6. Written untied
-    (``tie_word_embeddings: false`` and the output weight saved beside the others), the output
+    0.05), and matched the new body with the old output layer to 1e-6. Saved untied, the output
     layer is a checkpoint weight every load and reload reads; the values are the same."""
-    import json
-
-    from safetensors.torch import load_file, save_file
-
     config = getattr(model, "config", None)
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     inputs = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -126,28 +130,13 @@ def untie_output_layer(model: Any, folder: Path) -> None:
         or not getattr(config, "tie_word_embeddings", False)
         or output is None
         or inputs is None
+        or output.weight.data_ptr() != inputs.weight.data_ptr()  # not tied after all
     ):
-        return
-    if output.weight.data_ptr() != inputs.weight.data_ptr():
-        return  # not tied after all
+        return None
     name = next(n for n, m in model.named_modules() if m is output) + ".weight"
-    weight = output.weight.detach().to("cpu", copy=True).contiguous()
-    index, single = folder / "model.safetensors.index.json", folder / "model.safetensors"
-    if index.exists():  # sharded: the loaders read the files its index names
-        save_file({name: weight}, str(folder / "output-layer.safetensors"), metadata={"format": "pt"})
-        data = json.loads(index.read_text())
-        data["weight_map"][name] = "output-layer.safetensors"
-        index.write_text(json.dumps(data, indent=2))
-    elif single.exists():
-        tensors = load_file(str(single))
-        tensors[name] = weight
-        save_file(tensors, str(single), metadata={"format": "pt"})
-    else:
-        return  # not a safetensors checkpoint: left as saved
-    config_file = folder / "config.json"
-    saved = json.loads(config_file.read_text())
-    saved["tie_word_embeddings"] = False
-    config_file.write_text(json.dumps(saved, indent=2))
+    state = dict(model.state_dict())
+    state[name] = output.weight.detach().clone()  # storage of its own: transformers keeps it
+    return state
 
 
 class LoraSync:
