@@ -59,7 +59,9 @@ def main() -> None:
     print(f"{args.model}: {size:.2f} GB of float32 weights, {args.rounds} rounds, median seconds")
     for name, values in times.items():
         median = statistics.median(values)
-        print(f"  {name}: {median:.2f} s ({', '.join(f'{v:.2f}' for v in values)}); {median / reference:.2f}x")
+        print(
+            f"  {name}: {median:.2f} s ({', '.join(f'{v:.2f}' for v in values)}); {median / reference:.2f}x"
+        )
 
 
 if __name__ == "__main__":
