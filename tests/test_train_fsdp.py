@@ -126,8 +126,14 @@ def test_sharded_sft_on_2_processes_takes_the_one_process_step_and_resumes_acros
     tiny_model_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     config = sft_config(tmp_path, tiny_model_dir)
+    data = tmp_path / "chats.jsonl"  # a system prompt every row starts with: the shared prefix runs once
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    system = {"role": "system", "content": "the cat sat on the mat and a red bird flew over the tree"}
+    data.write_text("".join(json.dumps({"messages": [system, *r["messages"]]}) + "\n" for r in rows))
     run = tmp_path / "run"  # the one-process run: 3 steps, a checkpoint after each
-    assert main(["train", "sft", str(config), "--quiet"]) == 0
+    longer = ["--data.max_length", "96", "--train.micro_batch_tokens", "96"]
+    assert main(["train", "sft", str(config), *longer, "--quiet"]) == 0
+    assert all(r["shared_prefix"] > 0 for r in metrics(run))
     # a copy at step 1 takes step 2 sharded on 2 processes, from the one-process checkpoint
     split = tmp_path / "split"
     shutil.copytree(run, split, symlinks=True)
