@@ -3,8 +3,8 @@ optimizer steps, gathered whole for the steps' forward and backward passes.
 
 ``fully_shard`` (PyTorch's FSDP2) shards each decoder layer and the root (embeddings, final norm,
 output layer; a tied output layer is the embedding, one parameter) over the ranks: every parameter
-becomes a ``DTensor`` holding 1/N of it, and AdamW's two moments are built on those shards, so
-each rank keeps 1/N of the optimizer state (8 bytes a float32 parameter of AdamW's 16 per rank).
+becomes a ``DTensor`` holding 1/N of it, and AdamW's two moments are built on those shards: each
+rank keeps 1/N of the optimizer state (AdamW's 8 bytes a float32 parameter).
 
 The trainers' passes stay those of the data-parallel run (``distributed.py``): the body and the
 output layer called apart, a shared prefix backpropagated after the rows, a different number of
@@ -23,8 +23,9 @@ the format of a run without FSDP, so it loads at any world size, with or without
 (``shard_optimizer_state`` shards a loaded one).
 
 What it costs: the full weights stay on every rank except during the optimizer step, and the
-full gradients during the backward passes; it saves the optimizer state and the gradients it
-reads, not the weights' memory of a layer-by-layer gather (see ``docs/scaling.md``).
+full gradients during the backward passes; it saves the optimizer state and the gradients the
+optimizer reads, not the weights' memory a layer-by-layer gather would (``docs/scaling.md``).
+With one process there is nothing to shard over: ``shard`` leaves the model as it is.
 """
 
 from __future__ import annotations
