@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from palaestra.train.config import ConfigError
 from palaestra.train.distributed import World, _collective, sync_gradients
 
 
@@ -40,11 +41,15 @@ class Shards:
     """The model sharded with ``fully_shard`` over ``world``'s ranks, gathered whole (``gather``)."""
 
     def __init__(self, model: Any, world: World, device: Any) -> None:
+        import torch
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
+        layers = getattr(model.get_decoder(), "layers", None)
+        if not isinstance(layers, torch.nn.ModuleList):
+            raise ConfigError(f"train.fsdp: {type(model).__name__} has no list of decoder layers to shard")
         mesh = init_device_mesh(device.type, (world.size,))
-        for layer in model.get_decoder().layers:
+        for layer in layers:
             fully_shard(layer, mesh=mesh, reshard_after_forward=False)
         fully_shard(model, mesh=mesh, reshard_after_forward=False)  # the rest: embeddings, norm, head
         model.set_requires_gradient_sync(False)  # no reduce-scatter in backward: ``sum_gradients`` sums
