@@ -198,9 +198,9 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     # -- optimizer, learning-rate schedule, state of a resumed run --------------------------------
     opt = config.optim
     updates = config.train.steps * config.train.update_passes
-    optimizer, scheduler, start = optimizer_and_schedule(model, opt, updates, shards.shard_state(state)
-                                                         if shards else state,
-                                                         params=shards.params if shards else None)  # fmt: skip
+    resumed = shards.shard_state(state) if shards else state  # its optimizer state cut to the shards
+    params = shards.params if shards else None
+    optimizer, scheduler, start = optimizer_and_schedule(model, opt, updates, resumed, params=params)
     backbone, head = backbone_and_head(model)
     loss_config = LossConfig(name=config.loss.name, eps_low=config.loss.eps_low, eps_high=config.loss.eps_high,
                              mask_low=config.loss.mask_low, mask_high=config.loss.mask_high,

@@ -148,10 +148,10 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
             enable_gradient_checkpointing(model)
         broadcast_parameters(model, world)  # every rank starts from rank 0's weights
         shards = fsdp.shard(model, world, device, train.fsdp)  # train.fsdp: 1/N of the optimizer state
+        resumed = shards.shard_state(state) if shards else state  # its optimizer state cut to the shards
         optimizer, scheduler, first_step = optimizer_and_schedule(
-            model, config.optim, train.steps, shards.shard_state(state) if shards else state,
-            params=shards.params if shards else None,
-        )  # fmt: skip
+            model, config.optim, train.steps, resumed, params=shards.params if shards else None
+        )
         if world.main:
             run_dir.mkdir(parents=True, exist_ok=True)
             # eval warns of overlap with these prompts
