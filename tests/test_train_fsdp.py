@@ -28,7 +28,7 @@ from test_train_rl import length_env_site  # noqa: E402
 from palaestra.train.distributed import World  # noqa: E402
 
 HERE = Path(__file__).parent
-SHARDED = "(FSDP: sharded weights and optimizer state)"  # the run line of a sharded run
+SHARDED = "(FSDP: optimizer state sharded)"  # the run line of a sharded run
 
 
 @pytest.fixture(autouse=True)

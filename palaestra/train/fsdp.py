@@ -1,5 +1,5 @@
-"""FSDP2 (``train.fsdp``): the weights, gradients and optimizer state sharded over the ranks between
-optimizer steps, gathered whole for the steps' forward and backward passes.
+"""FSDP2 (``train.fsdp``): the optimizer state, and the weights and gradients it steps on, sharded
+over the ranks; the weights gathered whole for the forward and backward passes (and RL's sampling).
 
 ``fully_shard`` (PyTorch's FSDP2) shards each decoder layer and the root (embeddings, final norm,
 output layer; a tied output layer is the embedding, one parameter) over the ranks: every parameter
@@ -144,7 +144,7 @@ def processes(world: World, enabled: bool) -> str:
     """The end of a run's description: on how many processes, sharded or not."""
     if world.size == 1:
         return " (train.fsdp: off in one process, nothing to shard over)" if enabled else ""
-    return f" on {world.size} processes{' (FSDP: sharded weights and optimizer state)' if enabled else ''}"
+    return f" on {world.size} processes{' (FSDP: optimizer state sharded)' if enabled else ''}"
 
 
 def sum_gradients(params: list[Any], world: World, shards: Shards | None) -> None:

@@ -31,9 +31,9 @@ Under torchrun (``distributed.py``), each rank samples its share of the step's g
 own copy of the policy; the ranks exchange their rollouts, so advantages, logs and samples are the
 whole batch's; each rank then updates on every N-th rollout with the batch's token weights and the
 gradients are summed: N ranks take the one-process step. Only rank 0 writes and evaluates. With
-``train.fsdp`` (``fsdp.py``) the weights, gradients and optimizer state are sharded over the ranks
-during each optimizer step and gathered whole again for sampling: the local sampler generates with
-the full weights on each rank, no collective inside generation.
+``train.fsdp`` (``fsdp.py``) the optimizer state, and the weights and gradients it steps on, are
+sharded over the ranks, and the weights gathered whole again after each update: the local sampler
+generates with the full weights on each rank, no collective inside generation.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@
 Under torchrun (``distributed.py``) each rank trains its share of every step's conversations, the
 loss still divided by the trained tokens of the whole step, and the gradients are summed over the
 ranks: N ranks take the step one process would. Only rank 0 writes the run folder. With
-``train.fsdp`` the weights, gradients and optimizer state are sharded over the ranks between
-optimizer steps (``fsdp.py``); the step is the same.
+``train.fsdp`` the optimizer state, and the weights and gradients it steps on, are sharded over the
+ranks (``fsdp.py``); the passes run on the gathered weights, and the step is the same.
 
 ``resume`` continues a run from its last checkpoint: model, optimizer, scheduler, data position
 and RNG states, so the next step's loss equals the uninterrupted run's.
