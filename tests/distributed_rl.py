@@ -4,7 +4,8 @@ batch of token sequences (in one process, or on this rank's share), then a short
 ``python -m torch.distributed.run --nproc-per-node 2 THIS MODEL OUT RL_CONFIG`` does both in one
 launch (a launch costs seconds): rank 0 saves each case's weights and figures in ``OUT``, then
 every rank trains the run ``RL_CONFIG`` describes. The test runs the same cases in its own
-process and compares.
+process and compares. With ``fsdp`` after RL_CONFIG, the cases of ``FSDP_CASES`` run with the
+model sharded (``palaestra.train.fsdp``) instead.
 """
 
 from __future__ import annotations
@@ -50,16 +51,29 @@ def sequences(vocab: int, rollouts: int, seed: int = 0) -> list[TokenSequence]:
     return out
 
 
-def run_case(model_dir: Path, case: tuple[str, str, float, int], world: World) -> tuple[dict[str, Any], Any]:
-    """The weights after one update of two passes (several micro-batches each), and its figures."""
+# the default loss, and a batch that leaves the second rank nothing to train, with the model sharded
+FSDP_CASES = [("cispo", "cispo", 0.0, 7), ("one-rollout", "dapo", 0.0, 1)]
+
+
+def run_case(
+    model_dir: Path, case: tuple[str, str, float, int], world: World, sharded: bool = False
+) -> tuple[dict[str, Any], Any]:
+    """The weights after one update of two passes (several micro-batches each), and its figures;
+    ``sharded``: with the model sharded over the ranks by FSDP (checked: every parameter a shard)."""
+    from torch.distributed.tensor import DTensor
     from transformers import AutoModelForCausalLM
+
+    from palaestra.train.fsdp import shard
 
     _, loss, kl_beta, rollouts = case
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     reference = backbone_and_head(copy.deepcopy(model).eval().requires_grad_(False)) if kl_beta else None
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    shards = shard(model, world, torch.device("cpu"), sharded)
+    if sharded:
+        assert shards is not None and all(isinstance(p, DTensor) for p in shards.params)
+    optimizer = torch.optim.AdamW(shards.params if shards else model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     backbone, head = backbone_and_head(model)
     batch = sequences(model.config.vocab_size, rollouts)
@@ -67,7 +81,12 @@ def run_case(model_dir: Path, case: tuple[str, str, float, int], world: World) -
         model, head, backbone, optimizer, scheduler, world.deal(batch, key=lambda s: s.rollout),
         LossConfig(name=loss, kl_beta=kl_beta, max_tokens=20), passes=2, micro_batch_tokens=64,
         max_grad_norm=1.0, device=torch.device("cpu"), bf16=False, pad_id=0, reference=reference, world=world,
+        shards=shards,
     )  # fmt: skip
+    if shards is not None:  # AdamW's moments are shards too; the whole weights, gathered
+        moments = [optimizer.state[p]["exp_avg"] for p in shards.params]
+        assert all(isinstance(m, DTensor) and m.to_local().numel() < m.numel() for m in moments)
+        return shards.full_state(optimizer)[0], stats
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, stats
 
 
@@ -77,12 +96,13 @@ def main() -> None:
     from palaestra.train.rl_config import RLConfig
 
     model_dir, out, rl_config = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    sharded = sys.argv[4:] == ["fsdp"]
     torch.set_num_threads(1)
     world = world_from_env()
     join(world, torch.device("cpu"))
     try:
-        for case in CASES:
-            weights, stats = run_case(model_dir, case, world)
+        for case in FSDP_CASES if sharded else CASES:
+            weights, stats = run_case(model_dir, case, world, sharded)
             if world.main:
                 torch.save(weights, out / f"{case[0]}.pt")
                 (out / f"{case[0]}.json").write_text(json.dumps(dataclasses.asdict(stats)))

@@ -314,7 +314,7 @@ def test_a_failure_among_the_first_writes_takes_them_back(
     fails, a new run's folder is left as it was found."""
     from palaestra.train import sft
 
-    def no_optimizer(*args: Any) -> Any:
+    def no_optimizer(*args: Any, **kwargs: Any) -> Any:
         raise ConfigError("optim: refused late")
 
     monkeypatch.setattr(sft, "optimizer_and_schedule", no_optimizer)

@@ -4,10 +4,11 @@
 transformers folder) and ``trainer_state.pt``: the step, the optimizer and scheduler states, the
 RNG states and a fingerprint of the tokenised data. The data order is a pure function of the
 seed and the step, so these are all a resumed run needs to take the very step the uninterrupted
-run would have taken. A checkpoint is written under a temporary name and renamed when complete, so
-a killed save never leaves half a checkpoint; ``RUN_DIR/final`` links to the last one. A save that
-fails (a full disk) removes its temporary folder and stops the run with one line that says which
-folder, how much it needed and how much is free; the checkpoints before it stay as they were.
+run would have taken. A sharded run (FSDP) saves the same: its whole model and optimizer state.
+A checkpoint is written under a temporary name and renamed when complete, so a killed save never
+leaves half a checkpoint; ``RUN_DIR/final`` links to the last one. A save that fails (a full disk)
+removes its temporary folder and stops the run with one line that says which folder, how much it
+needed and how much is free; the checkpoints before it stay as they were.
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ def save_checkpoint(
     optimizer: Any,
     scheduler: Any,
     extra: dict[str, Any],
+    full: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` (replacing one of the same step) and return its folder.
+
+    ``full``: the whole model's state dict and optimizer state, gathered from a sharded model
+    (``fsdp.Shards.full_state``); they are saved in place of the live model's and optimizer's.
 
     A failed write raises ``TrainingError`` (one line: the folder, the space it needs and the space
     left, the last good checkpoint) after removing the temporary folder."""
@@ -50,10 +55,10 @@ def save_checkpoint(
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save_model(model, tokenizer, tmp)
+        save_model(model, tokenizer, tmp, weights=full[0] if full else None)
         state = {
             "step": step,
-            "optimizer": optimizer.state_dict(),
+            "optimizer": full[1] if full else optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "rng": {
                 "python": random.getstate(),

@@ -289,12 +289,16 @@ def first_writes(run_dir: Path, *, new: bool) -> Iterator[None]:
         raise
 
 
-def optimizer_and_schedule(model: Any, optim: OptimConfig, updates: int, state: Any) -> tuple[Any, Any, int]:
-    """AdamW over the trainable parameters, its learning-rate schedule over ``updates`` optimizer
-    steps, and the step to start from: restored from a checkpoint's ``state`` (RNG included), if any."""
+def optimizer_and_schedule(
+    model: Any, optim: OptimConfig, updates: int, state: Any, params: list[Any] | None = None
+) -> tuple[Any, Any, int]:
+    """AdamW over the trainable parameters (``params``, else the model's), its learning-rate schedule
+    over ``updates`` optimizer steps, and the step to start from: restored from a checkpoint's
+    ``state`` (RNG included), if any."""
     import torch
 
-    params = [p for p in model.parameters() if p.requires_grad]
+    if params is None:
+        params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         params,
         lr=optim.lr,

@@ -16,6 +16,10 @@ rather than inside ``backward``: the trainers run the model's body and its outpu
 separately (the output layer on trained positions only) and backpropagate a shared prompt
 prefix after the rows, which a ``DistributedDataParallel`` wrapper's hooks would not see.
 
+With ``train.fsdp`` (``fsdp.py``) the optimizer state, and the weights and gradients it steps on,
+are sharded over the ranks; the passes run on the gathered weights, and the sum is the same,
+landing in each rank's shards.
+
 Only rank 0 writes (the run folder, logs, checkpoints, samples) and runs the held-out
 evaluations. A checkpoint is the same at any world size (the whole model, the whole optimizer
 state), so a run saved at N ranks resumes at any other N.

@@ -109,12 +109,13 @@ def backbone_and_head(model: Any) -> tuple[Any, Any]:
     return base.get_decoder(), base.get_output_embeddings()
 
 
-def save_model(model: Any, tokenizer: Any, path: Path) -> None:
-    """A plain checkpoint at ``path``; a LoRA model is merged into a copy (the live model is untouched)."""
+def save_model(model: Any, tokenizer: Any, path: Path, weights: dict[str, Any] | None = None) -> None:
+    """A plain checkpoint at ``path``; a LoRA model is merged into a copy (the live model is untouched).
+    ``weights``: the whole model's state dict, when the live model holds only shards of it (FSDP)."""
     if is_lora(model):
         model.save_pretrained(str(path / ADAPTER_DIR))
         model = copy.deepcopy(model).merge_and_unload()
-    model.save_pretrained(str(path))
+    model.save_pretrained(str(path), **({"state_dict": weights} if weights is not None else {}))
     tokenizer.save_pretrained(str(path))
 
 

@@ -17,7 +17,8 @@ to float rounding (tested).
 Under torchrun (``distributed.py``) each rank updates on its share of the batch's groups: the
 token weights count the trained tokens and rollouts of *every* rank's share, and the gradients are
 summed over the ranks before clipping, so N ranks take the one-process step. A rank whose share
-trains nothing still takes part in each pass's sums.
+trains nothing still takes part in each pass's sums. With FSDP (``fsdp.py``) the sums land in each
+rank's shards and the optimizer steps on those.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from typing import Any
 
 import torch
 
-from palaestra.train.distributed import World, sync_gradients
+from palaestra.train import fsdp
+from palaestra.train.distributed import World
 from palaestra.train.losses import (
     LOSSES,
     BatchCounts,
@@ -135,6 +137,7 @@ def policy_update(
     mismatch: MismatchConfig | None = None,
     world: World | None = None,
     share_prefix: bool = False,
+    shards: fsdp.Shards | None = None,
 ) -> UpdateStats:
     """``passes`` optimizer steps on ``sequences``; ``Diverged`` before touching the weights if not finite.
 
@@ -142,7 +145,8 @@ def policy_update(
     ``reference`` is the (backbone, output layer) of the frozen starting model, for the KL penalty;
     ``mismatch`` the sampler-mismatch corrections (none by default); ``world`` the training
     processes, when ``sequences`` is this rank's share of the batch (the returned figures are the
-    whole batch's); ``share_prefix`` runs the sequences' common untrained start once per pass.
+    whole batch's); ``share_prefix`` runs the sequences' common untrained start once per pass;
+    ``shards`` the model's FSDP shards (``train.fsdp``), gathered whole again after each step.
     """
     mismatch = mismatch or MismatchConfig()
     world = world or World()
@@ -159,7 +163,7 @@ def policy_update(
         targets_mask, normalizer, max_tokens=loss_config.max_tokens, rollouts=rollouts,
         batch=BatchCounts(tokens=int(tokens), rollouts=int(count)),
     )  # fmt: skip
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for group in optimizer.param_groups for p in group["params"]]  # the shards, with FSDP
     shared = 0
     if share_prefix and sequences:
         shared = common_prefix_length(
@@ -229,15 +233,16 @@ def policy_update(
         if not math.isfinite(sums["loss"]):
             optimizer.zero_grad(set_to_none=True)
             raise Diverged("loss", sums["loss"])
-        sync_gradients(params, world)  # the one-process gradient, on every rank
-        clip = max_grad_norm if max_grad_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        fsdp.sum_gradients(params, world, shards)  # the one-process gradient, on every rank
+        grad_norm = fsdp.clip_gradients(params, max_grad_norm if max_grad_norm > 0 else math.inf)
         if not math.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
             raise Diverged("gradient norm", grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        if shards is not None:
+            shards.gather()  # the updated weights, whole, for the next pass and the sampler
         n = max(stats.trained_tokens, 1)
         stats = UpdateStats(
             loss=sums["loss"],

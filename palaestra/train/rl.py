@@ -30,7 +30,10 @@ against the trainer's own logprobs before the update (``mismatch.py``).
 Under torchrun (``distributed.py``), each rank samples its share of the step's groups with its
 own copy of the policy; the ranks exchange their rollouts, so advantages, logs and samples are the
 whole batch's; each rank then updates on every N-th rollout with the batch's token weights and the
-gradients are summed: N ranks take the one-process step. Only rank 0 writes and evaluates.
+gradients are summed: N ranks take the one-process step. Only rank 0 writes and evaluates. With
+``train.fsdp`` (``fsdp.py``) the optimizer state, and the weights and gradients it steps on, are
+sharded over the ranks, and the weights gathered whole again after each update: the local sampler
+generates with the full weights on each rank, no collective inside generation.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from palaestra.eval.run import evaluate
 from palaestra.eval.store import RunMetadata, RunStore
 from palaestra.registry import load_environment
 from palaestra.train import checkpoint as ckpt
+from palaestra.train import fsdp
 from palaestra.train.advantages import group_advantages
 from palaestra.train.common import (
     CONFIG_FILE,
@@ -173,6 +177,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     if config.train.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     broadcast_parameters(model, world)  # every rank starts from rank 0's weights
+    shards = fsdp.shard(model, world, device, config.train.fsdp)  # gathered whole but for the updates
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampler: Sampler
     if config.sampler.kind == "local":
@@ -188,12 +193,14 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
         f"{total / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable; {device.type}"
         f"{', bf16 autocast' if bf16 else ''}; sampler {config.sampler.kind}\n"
         f"run: {run_dir}, {config.train.steps} steps, loss {config.loss.name}"
-        f"{f' on {world.size} processes' if world.size > 1 else ''}")  # fmt: skip
+        f"{fsdp.processes(world, config.train.fsdp)}")  # fmt: skip
 
     # -- optimizer, learning-rate schedule, state of a resumed run --------------------------------
     opt = config.optim
     updates = config.train.steps * config.train.update_passes
-    optimizer, scheduler, start = optimizer_and_schedule(model, opt, updates, state)
+    resumed = shards.shard_state(state) if shards else state  # its optimizer state cut to the shards
+    params = shards.params if shards else None
+    optimizer, scheduler, start = optimizer_and_schedule(model, opt, updates, resumed, params=params)
     backbone, head = backbone_and_head(model)
     loss_config = LossConfig(name=config.loss.name, eps_low=config.loss.eps_low, eps_high=config.loss.eps_high,
                              mask_low=config.loss.mask_low, mask_high=config.loss.mask_high,
@@ -265,6 +272,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                                 max_grad_norm=opt.max_grad_norm, device=device, bf16=bf16, pad_id=pad_id,
                                 temperature=config.sampling.temperature, reference=reference,
                                 mismatch=mismatch, world=world, share_prefix=config.train.share_prefix,
+                                shards=shards,
                             )  # fmt: skip
                         except Diverged as exc:
                             raise diverged(step + 1, exc.what, exc.value, last_saved) from None
@@ -290,9 +298,11 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                                               version=batch.version, started=started)  # fmt: skip
                     _save_run(run_dir / "samples" / name, rollouts[:keep], header)
                 saves = done or (config.output.save_every and (step + 1) % config.output.save_every == 0)
+                full = shards.full_state(optimizer) if shards and saves else None  # every rank: a collective
                 if world.main and saves:
                     last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
-                                                      optimizer=optimizer, scheduler=scheduler, extra={})  # fmt: skip
+                                                      optimizer=optimizer, scheduler=scheduler, extra={},
+                                                      full=full)  # fmt: skip
                     write_curves([run_dir], run_dir / "curves.html")
                     show.note(f"checkpoint: {last_saved}")
     finally:

@@ -14,7 +14,14 @@ from typing import Any, Literal
 
 from palaestra.train.losses import LOSSES
 from palaestra.train.mismatch import MisLevel, MismatchConfig
-from palaestra.train.sft_config import SEED_LIMIT, LoraConfig, ModelConfig, OptimConfig, OutputConfig
+from palaestra.train.sft_config import (
+    SEED_LIMIT,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    OutputConfig,
+    check_fsdp,
+)
 from palaestra.types import Sampling
 
 MAX_TEMPERATURE = 100  # past this every token is equally likely: nothing the policy learnt shows
@@ -111,6 +118,7 @@ class RLTrainConfig:
     device: str = "auto"
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"
     gradient_checkpointing: bool = False  # recompute activations in the backward: memory for compute
+    fsdp: bool = False  # several processes: shard weights, gradients, optimizer state (FSDP2)
     share_prefix: bool = True  # run the start all of a step's sequences share (the system prompt) once
     threads: int = 0
 
@@ -266,6 +274,7 @@ class RLConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
     def __post_init__(self) -> None:
+        check_fsdp(self.train.fsdp, self.lora.enabled)
         if self.train.max_off_policy_steps and self.sampler.kind == "local":
             raise ValueError(
                 "train.max_off_policy_steps > 0 needs a sampler with weights of its own (sampler.kind = "

@@ -13,7 +13,9 @@
 
 Under torchrun (``distributed.py``) each rank trains its share of every step's conversations, the
 loss still divided by the trained tokens of the whole step, and the gradients are summed over the
-ranks: N ranks take the step one process would. Only rank 0 writes the run folder.
+ranks: N ranks take the step one process would. Only rank 0 writes the run folder. With
+``train.fsdp`` the optimizer state, and the weights and gradients it steps on, are sharded over the
+ranks (``fsdp.py``); the passes run on the gathered weights, and the step is the same.
 
 ``resume`` continues a run from its last checkpoint: model, optimizer, scheduler, data position
 and RNG states, so the next step's loss equals the uninterrupted run's.
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.train import checkpoint as ckpt
+from palaestra.train import fsdp
 from palaestra.train.batching import MicroBatch, micro_batches, step_indices
 from palaestra.train.common import (
     CONFIG_FILE,
@@ -55,7 +58,6 @@ from palaestra.train.distributed import (
     check_shares,
     join,
     leave,
-    sync_gradients,
     world_from_env,
 )
 from palaestra.train.metrics import MetricsLog, TrainProgress
@@ -142,10 +144,14 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
                     if checkpoint
                     else add_lora(model, config.lora)
                 )
-        optimizer, scheduler, first_step = optimizer_and_schedule(model, config.optim, train.steps, state)
         if train.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         broadcast_parameters(model, world)  # every rank starts from rank 0's weights
+        shards = fsdp.shard(model, world, device, train.fsdp)  # train.fsdp: 1/N of the optimizer state
+        resumed = shards.shard_state(state) if shards else state  # its optimizer state cut to the shards
+        optimizer, scheduler, first_step = optimizer_and_schedule(
+            model, config.optim, train.steps, resumed, params=shards.params if shards else None
+        )
         if world.main:
             run_dir.mkdir(parents=True, exist_ok=True)
             # eval warns of overlap with these prompts
@@ -189,14 +195,16 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
             if not math.isfinite(loss_value):  # before any weight moves
                 optimizer.zero_grad(set_to_none=True)
                 raise diverged(step + 1, "loss", loss_value, last_saved)
-            sync_gradients(params, world)  # the one-process gradient, on every rank
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, opt.max_grad_norm or math.inf))
+            fsdp.sum_gradients(params, world, shards)  # the one-process gradient, on every rank
+            grad_norm = fsdp.clip_gradients(params, opt.max_grad_norm or math.inf)
             if not math.isfinite(grad_norm):
                 raise diverged(step + 1, "gradient norm", grad_norm, last_saved)
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            if shards:
+                shards.gather()  # the updated weights, whole, for the next step's passes
 
             seconds = time.perf_counter() - t0
             tokens = sum(len(e.input_ids) for e in batch)
@@ -221,9 +229,10 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
             if step + 1 == train.steps or (
                 config.output.save_every and (step + 1) % config.output.save_every == 0
             ):
+                full = shards.full_state(optimizer) if shards else None  # every rank: a collective
                 if world.main:
                     last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
-                                                      optimizer=optimizer, scheduler=scheduler,
+                                                      optimizer=optimizer, scheduler=scheduler, full=full,
                                                       extra={"data_fingerprint": fingerprint})  # fmt: skip
                     write_curves([run_dir], run_dir / CURVES_FILE)
                     show.note(f"checkpoint: {last_saved}")
@@ -329,7 +338,7 @@ def describe(
         f"model: {config.model.path or 'tiny'}, {total / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable "
         f"({kind}); {device.type}, {'bf16 autocast' if bf16 else 'float32'}\n"
         f"run: {run_dir}, {config.train.steps} steps of {config.train.batch_size} conversations"
-        + (f" on {world.size} processes" if world is not None and world.size > 1 else "")
+        + fsdp.processes(world or World(), config.train.fsdp)
     )
 
 

@@ -142,6 +142,7 @@ class TrainConfig:
     device: str = "auto"  # "auto": CUDA when present, else CPU
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast on a GPU that has it
     gradient_checkpointing: bool = False  # recompute activations in the backward: memory for compute
+    fsdp: bool = False  # several processes: shard weights, gradients, optimizer state (FSDP2)
     threads: int = 0  # torch CPU threads; 0 keeps torch's default
 
     def __post_init__(self) -> None:
@@ -192,6 +193,7 @@ class SFTConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def __post_init__(self) -> None:
+        check_fsdp(self.train.fsdp, self.lora.enabled)
         if self.train.micro_batch_tokens < self.data.max_length:
             raise ValueError(
                 f"train.micro_batch_tokens ({self.train.micro_batch_tokens}) must be at least data.max_length "
@@ -203,6 +205,15 @@ class SFTConfig:
                 f"model.tiny.max_positions ({tiny.max_positions}) must be at least data.max_length "
                 f"({self.data.max_length}): no conversation may be longer than the model's positions"
             )
+
+
+def check_fsdp(fsdp: bool, lora: bool) -> None:
+    """``train.fsdp`` shards full fine-tuning: LoRA's optimizer state is the adapter's, small already."""
+    if fsdp and lora:
+        raise ValueError(
+            "train.fsdp with lora.enabled is not supported: LoRA's optimizer state is the adapter's, "
+            "which FSDP would barely shrink; set train.fsdp = false (or lora.enabled = false)"
+        )
 
 
 def _at_least(name: str, value: int, minimum: int) -> None:

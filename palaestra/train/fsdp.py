@@ -1,0 +1,156 @@
+"""FSDP2 (``train.fsdp``): the optimizer state, and the weights and gradients it steps on, sharded
+over the ranks; the weights gathered whole for the forward and backward passes (and RL's sampling).
+
+``fully_shard`` (PyTorch's FSDP2) shards each decoder layer and the root (embeddings, final norm,
+output layer; a tied output layer is the embedding, one parameter) over the ranks: every parameter
+becomes a ``DTensor`` holding 1/N of it, and AdamW's two moments are built on those shards: each
+rank keeps 1/N of the optimizer state (AdamW's 8 bytes a float32 parameter).
+
+The trainers' passes stay those of the data-parallel run (``distributed.py``): the body and the
+output layer called apart, a shared prefix backpropagated after the rows, a different number of
+micro-batches on each rank, and RL's local sampler generating each rank's own groups. A sharded
+forward is a collective every rank must join as often as the others, so FSDP's hooks are made to
+do no collective at all (no resharding after forward or backward, no gradient reduction in
+``backward``) and the whole model is gathered explicitly (``gather``, one all-gather per unit,
+the same on every rank) before the passes run. After the last backward, ``sum_gradients`` sums
+the full gradients over the ranks in one all-reduce (the data-parallel sum, not FSDP's average),
+keeps this rank's shard of each, and reshards; clipping (``clip_gradients``, a norm over the
+shards) and the optimizer step run on the shards; ``gather`` then puts the updated weights back
+whole, for sampling and the next step. N ranks take the one-process step to float rounding.
+
+A checkpoint is full state (``full_state``): the whole model and the whole optimizer state, in
+the format of a run without FSDP, so it loads at any world size, with or without FSDP
+(``shard_optimizer_state`` shards a loaded one).
+
+What it costs: the full weights stay on every rank except during the optimizer step, and the
+full gradients during the backward passes; it saves the optimizer state and the gradients the
+optimizer reads, not the weights' memory a layer-by-layer gather would (``docs/scaling.md``).
+With one process there is nothing to shard over: ``shard`` leaves the model as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from palaestra.train.config import ConfigError
+from palaestra.train.distributed import World, _collective, sync_gradients
+
+
+class Shards:
+    """The model sharded with ``fully_shard`` over ``world``'s ranks, gathered whole (``gather``)."""
+
+    def __init__(self, model: Any, world: World, device: Any) -> None:
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        layers = getattr(model.get_decoder(), "layers", None)
+        if not isinstance(layers, torch.nn.ModuleList):
+            raise ConfigError(f"train.fsdp: {type(model).__name__} has no list of decoder layers to shard")
+        mesh = init_device_mesh(device.type, (world.size,))
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)  # the rest: embeddings, norm, head
+        model.set_requires_gradient_sync(False)  # no reduce-scatter in backward: ``sum_gradients`` sums
+        model.set_reshard_after_backward(False)
+        self.model, self.world = model, world
+        self.units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        self.params = [p for p in model.parameters() if p.requires_grad]  # the shards: the optimizer's
+        self.gather()
+
+    def shard_state(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A checkpoint's trainer state with its (full) optimizer state cut to this rank's shards."""
+        if state is None:
+            return None
+        return {**state, "optimizer": shard_optimizer_state(state["optimizer"], self.params)}
+
+    def gather(self) -> None:
+        """Every unit's full weights on every rank (a no-op for units already whole)."""
+        with _collective():
+            for unit in self.units:
+                unit.unshard()
+
+    def sum_gradients(self) -> None:
+        """The full gradients summed over the ranks (one all-reduce), each rank keeping its shards'
+        as the sharded parameters' gradients; the model is resharded for the optimizer step."""
+        from torch.distributed.tensor import distribute_tensor
+
+        whole = list(self.model.named_parameters())  # the gathered weights, with this rank's gradients
+        trained = [(name, p) for name, p in whole if p.requires_grad]
+        sync_gradients([p for _, p in trained], self.world)
+        summed = {name: p.grad for name, p in trained}
+        for _, p in trained:
+            p.grad = None  # their storage is freed by the reshard; the gradients must not stay behind
+        for unit in self.units:
+            unit.reshard()
+        for name, p in self.model.named_parameters():  # now the sharded ones, by the same names
+            if name in summed:
+                p.grad = distribute_tensor(summed.pop(name), p.device_mesh, p.placements, src_data_rank=None)
+
+    def full_state(self, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The whole model's state dict (on rank 0; empty on the others) and the whole optimizer state
+        (``optimizer.state_dict()``'s format with full tensors), on the CPU: a collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        with _collective():
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            weights = get_model_state_dict(self.model, options=options)
+            state = optimizer.state_dict()
+            state["state"] = {
+                index: {k: v.full_tensor().cpu() if isinstance(v, DTensor) else v for k, v in values.items()}
+                for index, values in state["state"].items()
+            }
+        self.gather()  # the state dict's hooks resharded the model
+        return weights, state
+
+
+def shard_optimizer_state(state: dict[str, Any], params: list[Any]) -> dict[str, Any]:
+    """A full optimizer state (a checkpoint's) with each tensor of a sharded parameter's shape cut to
+    this rank's shard, for ``optimizer.load_state_dict``; ``params`` in the optimizer's order."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    def local(value: Any, param: Any) -> Any:
+        if isinstance(param, DTensor) and hasattr(value, "shape") and value.shape == param.shape:
+            return distribute_tensor(value.to(param.device), param.device_mesh, param.placements,
+                                     src_data_rank=None)  # fmt: skip
+        return value
+
+    out = dict(state)
+    out["state"] = {
+        index: {k: local(v, params[index]) if index < len(params) else v for k, v in values.items()}
+        for index, values in state["state"].items()
+    }
+    return out
+
+
+def clip_gradients(params: Iterable[Any], max_norm: float) -> float:
+    """``clip_grad_norm_`` of plain or sharded gradients; the total norm (of the whole gradient)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    norm = torch.nn.utils.clip_grad_norm_(list(params), max_norm)
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+
+def shard(model: Any, world: World, device: Any, enabled: bool) -> Shards | None:
+    """``model`` sharded over the ranks when ``train.fsdp`` asks and there are several (one process
+    has nothing to shard over: FSDP is off there, and its checkpoints are the same)."""
+    return Shards(model, world, device) if enabled and world.size > 1 else None
+
+
+def processes(world: World, enabled: bool) -> str:
+    """The end of a run's description: on how many processes, sharded or not."""
+    if world.size == 1:
+        return " (train.fsdp: off in one process, nothing to shard over)" if enabled else ""
+    return f" on {world.size} processes{' (FSDP: optimizer state sharded)' if enabled else ''}"
+
+
+def sum_gradients(params: list[Any], world: World, shards: Shards | None) -> None:
+    """The one-process gradient on every rank: summed whole (data-parallel), or into each rank's
+    shards (FSDP)."""
+    if shards is None:
+        sync_gradients(params, world)
+    else:
+        shards.sum_gradients()

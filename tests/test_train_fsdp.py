@@ -1,0 +1,174 @@
+"""FSDP2 (``train.fsdp``) on 2 processes (torchrun, gloo on the CPU) takes the very step one process
+takes: SFT end to end through ``palaestra train sft --nproc 2``, the default RL loss (and a batch
+that leaves a rank nothing) on a fixed batch, and an RL run with the local sampler; its checkpoints
+are full state, resumed at 1 process and from a 1-process one; LoRA with it is refused in one line.
+Tiny models, one thread per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from palaestra.cli import main
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from distributed_rl import FSDP_CASES, run_case  # noqa: E402 - after the skips: it imports torch
+from test_train_distributed import assert_same_weights, metrics, sft_config, weights  # noqa: E402
+from test_train_rl import length_env_site  # noqa: E402
+
+from palaestra.train.distributed import World  # noqa: E402
+
+HERE = Path(__file__).parent
+SHARDED = "(FSDP: optimizer state sharded)"  # the run line of a sharded run
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Each process on one thread (the ranks are separate processes: they inherit the variable)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def rl_config(path: Path, model_dir: Path, run_dir: Path, *, steps: int, fsdp: bool) -> Path:
+    """RL on ``length_toy`` (rewards that differ within a group: every step trains), one request at
+    a time (the same rows, so the same floats, at any world size), a checkpoint every step."""
+    path.write_text(f"""
+[model]
+path = "{model_dir}"
+[env]
+id = "length_toy"
+[sampling]
+max_tokens = 8
+[optim]
+lr = 1e-2
+[train]
+steps = {steps}
+batch_size = 8
+rollouts_per_example = 4
+max_concurrent = 1
+threads = 1
+fsdp = {str(fsdp).lower()}
+[output]
+dir = "{run_dir}"
+save_every = 1
+sample_every = 0
+""")
+    return path
+
+
+@pytest.fixture(scope="module")
+def sharded_ranks(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One torchrun launch of 2 sharded ranks (``distributed_rl.py ... fsdp``): the FSDP cases'
+    updates, then 2 steps of an RL run with ``train.fsdp`` and the local sampler."""
+    out = tmp_path_factory.mktemp("fsdp-ranks")
+    site = length_env_site(out)
+    config = rl_config(out / "rl.toml", tiny_model_dir, out / "run", steps=2, fsdp=True)
+    pythonpath = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(HERE / "distributed_rl.py"), str(tiny_model_dir), str(out), str(config), "fsdp"],
+        check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}, timeout=300,
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.slow
+def test_the_default_rl_loss_sharded_on_2_processes_takes_the_one_process_update(
+    tiny_model_dir: Path, sharded_ranks: Path
+) -> None:
+    for case in FSDP_CASES:
+        alone, stats = run_case(tiny_model_dir, case, World())
+        assert_same_weights(torch.load(sharded_ranks / f"{case[0]}.pt"), alone, atol=1e-5)  # lr 1e-3
+        two = json.loads((sharded_ranks / f"{case[0]}.json").read_text())
+        assert two["trained_tokens"] == stats.trained_tokens
+        for key in ("loss", "grad_norm", "entropy", "ratio_mean", "clipped_fraction"):
+            assert two[key] == pytest.approx(getattr(stats, key), rel=1e-5, abs=1e-7), (case[0], key)
+
+
+@pytest.mark.slow
+def test_a_sharded_rl_run_samples_locally_takes_the_one_process_steps_and_resumes_on_1(
+    tiny_model_dir: Path, sharded_ranks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(sharded_ranks / "site"))  # length_toy, in this process too
+    alone = tmp_path / "alone"
+    assert main(["train", "rl", str(rl_config(tmp_path / "rl.toml", tiny_model_dir, alone, steps=3, fsdp=False)),
+                 "--quiet"]) == 0  # fmt: skip
+    run = sharded_ranks / "run"
+    one, two = metrics(alone), metrics(run)
+    assert [r["step"] for r in two] == [1, 2]  # rank 0 alone wrote the log
+    for mine, theirs in zip(two, one, strict=False):
+        assert mine["zero_groups"] < mine["groups"]  # a step that trained
+        for key in ("reward", "loss", "grad_norm", "trained_tokens"):  # the loss sums terms of both signs
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), key
+    for step in (1, 2):
+        name = f"step-{step:06d}"
+        assert_same_weights(weights(run / "checkpoints" / name), weights(alone / "checkpoints" / name), atol=1e-4)  # fmt: skip
+    # its full-state checkpoint (weights and AdamW's moments) goes on in one process, to step 3
+    assert main(["train", "rl", "--resume", str(run), "--train.steps", "3", "--quiet"]) == 0
+    assert_same_weights(weights(run / "final"), weights(alone / "final"), atol=1e-4)
+    assert metrics(run)[2]["grad_norm"] == pytest.approx(metrics(alone)[2]["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_sharded_sft_on_2_processes_takes_the_one_process_step_and_resumes_across_world_sizes(
+    tiny_model_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    config = sft_config(tmp_path, tiny_model_dir)
+    data = tmp_path / "chats.jsonl"  # a system prompt every row starts with: the shared prefix runs once
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    system = {"role": "system", "content": "the cat sat on the mat and a red bird flew over the tree"}
+    data.write_text("".join(json.dumps({"messages": [system, *r["messages"]]}) + "\n" for r in rows))
+    run = tmp_path / "run"  # the one-process run: 3 steps, a checkpoint after each
+    longer = ["--data.max_length", "96", "--train.micro_batch_tokens", "96"]
+    assert main(["train", "sft", str(config), *longer, "--quiet"]) == 0
+    assert all(r["shared_prefix"] > 0 for r in metrics(run))
+    # a copy at step 1 takes step 2 sharded on 2 processes, from the one-process checkpoint
+    split = tmp_path / "split"
+    shutil.copytree(run, split, symlinks=True)
+    for step in (2, 3):
+        shutil.rmtree(split / "checkpoints" / f"step-00000{step}")
+    capfd.readouterr()
+    code = main(
+        ["train", "sft", "--resume", str(split), "--train.steps", "2", "--train.fsdp", "true", "--nproc", "2"]
+    )
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert SHARDED in out  # the ranks did shard
+    name = "step-000002"
+    assert_same_weights(weights(split / "checkpoints" / name), weights(run / "checkpoints" / name), atol=1e-4)
+    one, two = metrics(run), metrics(split)
+    assert [r["step"] for r in two] == [1, 2]
+    for key in ("loss", "grad_norm", "trained_tokens", "tokens"):  # a mean of the gradients: grad_norm halves
+        assert two[1][key] == pytest.approx(one[1][key], rel=1e-5), key
+    # its full-state checkpoint goes on in one process (train.fsdp, saved in its config, is off there)
+    assert main(["train", "sft", "--resume", str(split), "--train.steps", "3"]) == 0
+    assert "train.fsdp: off in one process" in capfd.readouterr().out
+    assert_same_weights(weights(split / "final"), weights(run / "final"), atol=1e-4)
+    assert metrics(split)[2]["grad_norm"] == pytest.approx(one[2]["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.parametrize("trainer", ["sft", "rl"])
+def test_lora_with_fsdp_is_refused_in_one_line_and_writes_nothing(
+    trainer: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if trainer == "sft":
+        config = sft_config(tmp_path, tiny_model_dir)
+    else:
+        config = rl_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", steps=1, fsdp=False)
+    code = main(["train", trainer, str(config), "--train.fsdp", "true", "--lora.enabled", "true"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "train.fsdp with lora.enabled is not supported" in err
+    assert not (tmp_path / "run").exists()
