@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from palaestra.cli import main
+from palaestra.testing.train_smoke import rl_toml as tiny_rl_toml
 from palaestra.train.config import ConfigError, load_config
 from palaestra.train.rl_config import RLConfig
 from palaestra.train.sft_config import SFTConfig
@@ -59,26 +60,19 @@ dir = "{tmp_path / "run"}"
 
 
 def rl_toml(tmp_path: Path, model: str) -> Path:
-    path = tmp_path / "rl.toml"
-    path.write_text(f"""
-{model}
-[env]
-id = "reverse_text"
-args = {{num_examples = 4}}
-[sampling]
-max_tokens = 8
-[optim]
-lr = 1e-3
-[train]
-steps = 1
-batch_size = 4
-rollouts_per_example = 2
-threads = 1
-[output]
-dir = "{tmp_path / "run"}"
-sample_every = 0
-""")
-    return path
+    return tiny_rl_toml(
+        tmp_path / "rl.toml",
+        None,
+        tmp_path / "run",
+        "reverse_text",
+        "{num_examples = 4}",
+        model_table=model,
+        max_tokens=8,
+        steps=1,
+        lr=1e-3,
+        eval="",
+        output="sample_every = 0",
+    )
 
 
 @pytest.fixture(params=["sft", "rl"])

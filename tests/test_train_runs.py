@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from palaestra.cli import main
+from palaestra.testing.train_smoke import rl_toml as tiny_rl_toml
 from palaestra.testing.train_smoke import sft_toml as tiny_sft_toml
 from palaestra.train import checkpoint as ckpt
 
@@ -51,26 +52,17 @@ def sft_toml(tmp_path: Path, games: Path) -> Path:
 
 
 def rl_toml(tmp_path: Path, model: Path, out: str = "run") -> Path:
-    path = tmp_path / f"{out}.toml"
-    path.write_text(f"""
-[model]
-path = "{model}"
-[env]
-id = "reverse_text"
-args = {{num_examples = 4}}
-[sampling]
-max_tokens = 8
-[train]
-steps = 3
-batch_size = 4
-rollouts_per_example = 2
-threads = 1
-[output]
-dir = "{tmp_path / out}"
-save_every = 1
-sample_every = 0
-""")
-    return path
+    return tiny_rl_toml(
+        tmp_path / f"{out}.toml",
+        model,
+        tmp_path / out,
+        "reverse_text",
+        "{num_examples = 4}",
+        max_tokens=8,
+        steps=3,
+        eval="",
+        output="save_every = 1\nsample_every = 0",
+    )
 
 
 @pytest.fixture(params=["sft", "rl"])

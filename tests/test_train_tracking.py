@@ -15,6 +15,7 @@ import pytest
 
 import palaestra as pa
 from palaestra.cli import main
+from palaestra.testing.train_smoke import rl_toml
 from palaestra.train import checkpoint as ckpt
 from palaestra.train import tracking
 
@@ -166,32 +167,15 @@ def test_rl_steps_and_held_out_evaluations_reach_both_trackers(
         return pa.SingleTurnEnv(dataset=rows, rubric=pa.Rubric([lambda completion: 0.5]))
 
     monkeypatch.setattr(rl, "load_environment", load)
-    config = tmp_path / "rl.toml"
-    config.write_text(f"""
-[model]
-path = "{tiny_model_dir}"
-
-[env]
-id = "toy"
-
-[sampling]
-max_tokens = 4
-
-[train]
-steps = 2
-batch_size = 4
-rollouts_per_example = 2
-threads = 1
-
-[eval]
-num_examples = 2
-sets = [{{name = "held-out", args = {{seed = 100}}}}]
-
-[output]
-dir = "{tmp_path / "run"}"
-sample_every = 0
-tracking = ["tensorboard", "wandb"]
-""")
+    config = rl_toml(
+        tmp_path / "rl.toml",
+        tiny_model_dir,
+        tmp_path / "run",
+        "toy",
+        max_tokens=4,
+        eval='num_examples = 2\nsets = [{name = "held-out", args = {seed = 100}}]',
+        output='sample_every = 0\ntracking = ["tensorboard", "wandb"]',
+    )
     assert main(["train", "rl", str(config), "--quiet"]) == 0, capsys.readouterr().err
     run_dir = tmp_path / "run"
     scalars = tensorboard_scalars(run_dir)

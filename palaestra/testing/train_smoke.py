@@ -7,30 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-RL = """
-[model]
-path = "{model}"
-
-[env]
-id = "{env_id}"
-args = {env_args}
-
-[sampling]
-max_tokens = 16
-
-[train]
-steps = 2
-batch_size = 4
-rollouts_per_example = 2
-threads = 1
-
-[eval]
-num_examples = 2
-
-[output]
-dir = "{run}"
-"""
-
 
 def sft_toml(
     path: Path,
@@ -77,8 +53,48 @@ dir = "{run}"
     return path
 
 
-def rl_toml(path: Path, model: Path, run: Path, env_id: str, env_args: str) -> Path:
-    """Write to ``path`` 2 RL steps of ``model`` (4 rollouts each) on ``env_id`` with ``env_args``
-    (a TOML inline table), into ``run``."""
-    path.write_text(RL.format(model=model, run=run, env_id=env_id, env_args=env_args))
+def rl_toml(
+    path: Path,
+    model: Path | None,
+    run: Path,
+    env_id: str,
+    env_args: str = "{}",
+    *,
+    model_table: str = "",
+    max_tokens: int = 16,
+    steps: int = 2,
+    batch_size: int = 4,
+    rollouts_per_example: int = 2,
+    lr: float | None = None,
+    eval: str = "num_examples = 2",
+    output: str = "",
+) -> Path:
+    """Write to ``path`` ``steps`` RL steps of the checkpoint ``model`` (or of the `[model]` table
+    ``model_table``, given as text) on ``env_id`` with ``env_args`` (a TOML inline table), into
+    ``run``: ``batch_size`` rollouts a step, ``rollouts_per_example`` a group, one thread; ``lr``
+    None the trainer's default; ``eval`` and ``output`` are lines of `[eval]` and `[output]`."""
+    table = model_table or f'[model]\npath = "{model}"\n'
+    optim = f"[optim]\nlr = {lr!r}\n" if lr is not None else ""
+    path.write_text(f"""{table}
+[env]
+id = "{env_id}"
+args = {env_args}
+
+[sampling]
+max_tokens = {max_tokens}
+
+{optim}
+[train]
+steps = {steps}
+batch_size = {batch_size}
+rollouts_per_example = {rollouts_per_example}
+threads = 1
+
+[eval]
+{eval}
+
+[output]
+dir = "{run}"
+{output}
+""")
     return path
