@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from palaestra.cli import main
+from palaestra.testing.train_smoke import rl_toml
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -44,28 +45,20 @@ def one_thread(monkeypatch: pytest.MonkeyPatch) -> Any:
 def rl_config(path: Path, model_dir: Path, run_dir: Path, *, steps: int, fsdp: bool) -> Path:
     """RL on ``length_toy`` (rewards that differ within a group: every step trains), one request at
     a time (the same rows, so the same floats, at any world size), a checkpoint every step."""
-    path.write_text(f"""
-[model]
-path = "{model_dir}"
-[env]
-id = "length_toy"
-[sampling]
-max_tokens = 8
-[optim]
-lr = 1e-2
-[train]
-steps = {steps}
-batch_size = 8
-rollouts_per_example = 4
-max_concurrent = 1
-threads = 1
-fsdp = {str(fsdp).lower()}
-[output]
-dir = "{run_dir}"
-save_every = 1
-sample_every = 0
-""")
-    return path
+    return rl_toml(
+        path,
+        model_dir,
+        run_dir,
+        "length_toy",
+        max_tokens=8,
+        steps=steps,
+        batch_size=8,
+        rollouts_per_example=4,
+        lr=1e-2,
+        train=f"max_concurrent = 1\nfsdp = {str(fsdp).lower()}",
+        eval="",
+        output="save_every = 1\nsample_every = 0",
+    )
 
 
 @pytest.fixture(scope="module")

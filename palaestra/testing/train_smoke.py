@@ -66,13 +66,15 @@ def rl_toml(
     batch_size: int = 4,
     rollouts_per_example: int = 2,
     lr: float | None = None,
+    train: str = "",
     eval: str = "num_examples = 2",
     output: str = "",
 ) -> Path:
     """Write to ``path`` ``steps`` RL steps of the checkpoint ``model`` (or of the `[model]` table
     ``model_table``, given as text) on ``env_id`` with ``env_args`` (a TOML inline table), into
     ``run``: ``batch_size`` rollouts a step, ``rollouts_per_example`` a group, one thread; ``lr``
-    None the trainer's default; ``eval`` and ``output`` are lines of `[eval]` and `[output]`."""
+    None the trainer's default; ``train``, ``eval`` and ``output`` are more lines of `[train]`,
+    `[eval]` and `[output]`."""
     table = model_table or f'[model]\npath = "{model}"\n'
     optim = f"[optim]\nlr = {lr!r}\n" if lr is not None else ""
     path.write_text(f"""{table}
@@ -89,6 +91,7 @@ steps = {steps}
 batch_size = {batch_size}
 rollouts_per_example = {rollouts_per_example}
 threads = 1
+{train}
 
 [eval]
 {eval}
