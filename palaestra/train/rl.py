@@ -27,10 +27,12 @@ sampler-vs-trainer mismatch is logged every step (``mismatch/...``) and, when as
 ``loss.mis``), corrected by truncated or masked importance weights, the loss's ratios then taken
 against the trainer's own logprobs before the update (``mismatch.py``).
 
-Under torchrun (``distributed.py``), each rank samples its share of the step's groups with its
-own copy of the policy; the ranks exchange their rollouts, so advantages, logs and samples are the
-whole batch's; each rank then updates on every N-th rollout with the batch's token weights and the
-gradients are summed: N ranks take the one-process step. Only rank 0 writes and evaluates.
+Under torchrun (``distributed.py``), each rank samples its share of the step's groups, with its
+own copy of the policy or from the one remote server (rank 0 owns it and pushes the weights; the
+others wait for each push: ``samplers/remote.py``); the ranks exchange their rollouts, so
+advantages, logs and samples are the whole batch's; each rank then updates on every N-th rollout
+with the batch's token weights and the gradients are summed: N ranks take the one-process step.
+Only rank 0 writes and evaluates.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ from palaestra.train.off_policy import Batches
 from palaestra.train.policy_update import Diverged, policy_update
 from palaestra.train.rl_config import RLConfig
 from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
-from palaestra.train.samplers.failures import check_batch, sampler_failures
+from palaestra.train.samplers.failures import check_batch, every_rank, sampler_failures
 from palaestra.train.samplers.local import LocalSampler
 from palaestra.train.samplers.remote import RemoteSampler
 from palaestra.train.sft_config import ModelConfig
@@ -129,10 +131,10 @@ def train_rl(config: RLConfig, *, resume: str | Path | None = None, progress: bo
 
     world = world_from_env()  # one process, or one rank of torchrun's
     check_shares(config.train, world)  # a group is never split across ranks
-    if world.size > 1 and config.sampler.kind != "local":
+    if world.size > 1 and config.train.max_off_policy_steps:
         raise ConfigError(
-            f"sampler.kind {config.sampler.kind}: several training processes sample with sampler.kind "
-            "local (each rank its share of the groups); run one process with a remote sampler"
+            "train.max_off_policy_steps > 0 runs on one training process: the ranks would push and sample "
+            "in an order of their own; use 0, or one process"
         )
     try:
         return run_async(_train(config, Path(resume) if resume is not None else None, progress, world))
@@ -178,7 +180,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     if config.sampler.kind == "local":
         sampler = LocalSampler(model, tokenizer, max_batch_size=config.train.max_concurrent)
     else:
-        sampler = RemoteSampler.of_run(config, model, tokenizer, run_dir)
+        sampler = RemoteSampler.of_run(config, model, tokenizer, run_dir, world)
         await sampler.check_reachable()  # an external server that is not there: refused before any write
     trainable, total = parameter_counts(model)
     say = print if progress is not False and world.main else (lambda *_: None)
@@ -217,10 +219,14 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     last_saved = checkpoint
     model.eval()
 
+    # the ranks' requests to one remote server: train.max_concurrent in flight in all
+    in_flight = config.train.max_concurrent
+    if config.sampler.kind != "local":
+        in_flight = math.ceil(in_flight / world.size)
+
     def step_spec(step: int) -> RunSpec:
-        return RunSpec(rollouts_per_example=config.train.rollouts_per_example,
-                       max_concurrent=config.train.max_concurrent, sampling=sampling,
-                       seed=derive_seed("palaestra/rl", config.train.seed, step))  # fmt: skip
+        return RunSpec(rollouts_per_example=config.train.rollouts_per_example, max_concurrent=in_flight,
+                       sampling=sampling, seed=derive_seed("palaestra/rl", config.train.seed, step))  # fmt: skip
 
     async def sample(step: int) -> list[Rollout]:
         mine = world.share(step_examples(env.examples, step, groups_per_step))  # this rank's groups
@@ -237,7 +243,11 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
             # -- the loop ---------------------------------------------------------------------------
             for step in range(start, config.train.steps):
                 t0, started = time.perf_counter(), time.gmtime()
-                async with sampler_failures(step + 1, sampler, last_saved):
+                # a sampler gone for any rank stops them all at this step
+                async with (
+                    every_rank(world, step + 1, sampler, last_saved),
+                    sampler_failures(step + 1, sampler, last_saved),
+                ):
                     batch, waited = await batches.take(step)  # sampled by policy version batch.version
                     await check_batch(batch.rollouts, step + 1, sampler, last_saved)
                     # k > 0: the next steps' batches are sampled while this one trains
@@ -277,9 +287,14 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                 record["seconds_sync"], batches.sync_seconds = batches.sync_seconds, 0.0
                 done = step + 1 == config.train.steps
                 evaluates = done or (config.eval.every and (step + 1) % config.eval.every == 0)
-                if world.main and eval_envs and evaluates:
-                    async with sampler_failures(step + 1, sampler, last_saved), batches.newest():
-                        record.update(await _evaluate(eval_envs, sampler, config, run_dir, step + 1))
+                if eval_envs and evaluates:  # every rank: the push of the newest weights is every rank's
+                    async with (
+                        every_rank(world, step + 1, sampler, last_saved),
+                        sampler_failures(step + 1, sampler, last_saved),
+                        batches.newest(),
+                    ):
+                        if world.main:
+                            record.update(await _evaluate(eval_envs, sampler, config, run_dir, step + 1))
                 log.write(record)
                 show.update(record)
                 every = config.output.sample_every

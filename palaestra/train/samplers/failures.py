@@ -4,6 +4,11 @@ A rollout whose model request failed is skipped, as every failed rollout is, whe
 still there (one bad request). When the sampler itself is gone (its server exited or stops
 answering, the engine gave up after many failures in a row, new weights were refused), the step's
 batch is partial: the run stops with the reason and what it keeps to resume from.
+
+Under torchrun the ranks sample their shares apart, and one may find the server gone while the
+others are still waiting for their requests: ``every_rank`` has them agree before any goes on, so
+every rank stops at the same step and rank 0 says why; the others end after rank 0 (a rank that
+ended first would have torchrun stop rank 0 before it could say it, or stop the server it runs).
 """
 
 from __future__ import annotations
@@ -15,10 +20,19 @@ from typing import Any
 
 from palaestra.clients.base import ModelUnavailable
 from palaestra.train.common import TrainingError, kept
+from palaestra.train.distributed import World
 from palaestra.train.samplers.sync import SyncError
 from palaestra.types import Rollout
 
 STOPPED = "the run stopped, with no step trained on a partial batch"
+
+
+class SamplerGone(TrainingError):
+    """The sampler can sample no more at ``step``, for ``reason``: the run stops there."""
+
+    def __init__(self, step: int, reason: str, last_saved: Path | None) -> None:
+        self.step, self.reason = step, reason
+        super().__init__(f"step {step}: {reason}; {STOPPED}; {kept(last_saved)}")
 
 
 @contextlib.asynccontextmanager
@@ -29,7 +43,7 @@ async def sampler_failures(step: int, sampler: Any, last_saved: Path | None) -> 
         yield
     except (ModelUnavailable, SyncError) as exc:
         reason = await sampler.failure() or str(exc)
-        raise TrainingError(f"step {step}: {reason}; {STOPPED}; {kept(last_saved)}") from None
+        raise SamplerGone(step, reason, last_saved) from None
 
 
 async def check_batch(rollouts: list[Rollout], step: int, sampler: Any, last_saved: Path | None) -> None:
@@ -38,4 +52,25 @@ async def check_batch(rollouts: list[Rollout], step: int, sampler: Any, last_sav
     if any(r.error is not None and r.error.stage == "model" for r in rollouts):
         reason = await sampler.failure()
         if reason is not None:
-            raise TrainingError(f"step {step}: {reason}; {STOPPED}; {kept(last_saved)}")
+            raise SamplerGone(step, reason, last_saved)
+
+
+@contextlib.asynccontextmanager
+async def every_rank(world: World, step: int, sampler: Any, last_saved: Path | None) -> AsyncIterator[None]:
+    """The block on every rank, then the ranks agree: if the sampler was gone for any of them,
+    every rank stops with ``SamplerGone`` (rank 0's reason first; rank 0 asks its sampler, which
+    knows the exit of a server it started). One process: the block alone."""
+    reason = None
+    try:
+        yield
+    except SamplerGone as exc:
+        if world.size == 1:
+            raise
+        reason = exc.reason
+    reasons = [r for r in world.gather([reason]) if r is not None]
+    if reasons:
+        if not world.main:  # rank 0 ends first, having said why: a barrier it never joins returns
+            with contextlib.suppress(TrainingError):  # when its process is gone (or torchrun stops this one)
+                world.barrier()
+        mine = await sampler.failure() if world.main else None
+        raise SamplerGone(step, mine or reasons[0], last_saved)

@@ -1,0 +1,153 @@
+"""RL sampling scaled out, against one remote sampler (``palaestra serve --enable-weight-sync``,
+LoRA sync: a fresh model name per version): 2 torchrun ranks (gloo) sharing it take the very
+steps of the one-process run with that sampler, for the same seed (the server samples each seeded
+request alike whatever shares its batch); a server that dies mid-run stops every rank with one
+line and a resumable run; bad input is one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from palaestra.cli import main
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("tictactoe")
+
+from test_train_rl_remote import figures, free_port, records, remote, serve_command  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each process on one thread (ranks, servers and Ray workers inherit the variable)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def tictactoe_config(path: Path, model: Path, out: Path, sampler: str) -> Path:
+    """Two steps of 4 groups of 2 games, LoRA (step 2 asks for the adapter step 1 pushed), a held-out
+    set played before and after (the last push is every rank's)."""
+    path.write_text(f"""
+[model]
+path = "{model}"
+[env]
+id = "tictactoe"
+args = {{num_examples = 8}}
+[sampling]
+max_tokens = 6
+[optim]
+lr = 1e-3
+[lora]
+enabled = true
+rank = 4
+target_modules = ["q_proj", "v_proj"]
+[train]
+steps = 2
+batch_size = 8
+rollouts_per_example = 2
+max_concurrent = 4
+threads = 1
+[eval]
+num_examples = 2
+sets = [{{name = "held-out", args = {{num_examples = 2, seed = 100}}}}]
+[output]
+dir = "{out}"
+sample_every = 1
+sample_groups = 4
+{sampler}
+""")
+    return path
+
+
+def served(port: int) -> str:
+    return remote(port, command=serve_command(port))
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_tictactoe_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: the run in one process, sampled by the remote sampler."""
+    out = tmp_path_factory.mktemp("one-process")
+    port = free_port()
+    config = tictactoe_config(out / "rl.toml", tiny_tictactoe_model_dir, out / "run", served(port))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        assert main(["train", "rl", str(config), "--quiet"]) == 0
+    return out / "run"
+
+
+def assert_same_run(run: Path, reference: Path) -> None:
+    a, b = figures(reference), figures(run)
+    assert [r["step"] for r in b] == [0, 1, 2] and [r.get("policy_version") for r in b] == [None, 0, 1]
+    assert b[1]["groups"] == 4 and b[1]["errors"] == 0 and b[2]["errors"] == 0
+    for here, there in zip(a, b, strict=True):  # the same samples (seeded), the same update, to float noise
+        assert here.keys() == there.keys()
+        for key, value in here.items():
+            assert there[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (here["step"], key)
+    assert b[1]["completion_tokens"] == a[1]["completion_tokens"]  # the very tokens
+
+
+def test_two_ranks_share_one_remote_sampler_and_take_the_one_process_steps(
+    tiny_tictactoe_model_dir: Path, tmp_path: Path, one_process: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    config = tictactoe_config(tmp_path / "rl.toml", tiny_tictactoe_model_dir, tmp_path / "run", served(port))
+    code = main(["train", "rl", str(config), "--nproc", "2", "--quiet"])
+    assert code == 0, capfd.readouterr().err
+    assert_same_run(tmp_path / "run", one_process)
+    assert len((tmp_path / "run" / "sampler.log").read_text().splitlines()) > 0  # rank 0 alone ran it
+    assert sorted(p.name for p in (tmp_path / "run" / "sampler").glob("adapter-v*")) == ["adapter-v2"]
+
+
+def test_a_server_that_dies_mid_run_stops_both_ranks_in_one_line_and_the_run_resumes(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from test_train_rl_remote import write_config
+
+    port, pidfile, run_dir = free_port(), tmp_path / "server.pid", tmp_path / "run"
+    sampler = remote(port, command=serve_command(port, pidfile=pidfile))
+    # 4 groups of 2 a step, 2 a rank, one request at a time on each: a rank's 5th training reward is
+    # its first of step 2, and its second group of step 2 is still to be sampled then
+    config = write_config(tmp_path / "rl.toml", tiny_model_dir, run_dir, steps=3, sampler=sampler,
+                          env=f', kill_at = 5, pidfile = "{pidfile}"', max_concurrent=2, rollouts_per_example=2)  # fmt: skip
+    ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             str(HERE / "distributed_toy_rl.py"), "train", "rl"]  # fmt: skip
+    done = subprocess.run([*ranks, str(config), "--quiet"], capture_output=True, text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("palaestra: error:")]
+    assert done.returncode != 0 and len(errors) == 1, done.stderr
+    assert "step 2: the sampler server (sampler.command) was killed by signal 9" in errors[0]
+    assert errors[0].endswith(f"the last good checkpoint is {run_dir / 'checkpoints' / 'step-000001'}")
+    assert [r["step"] for r in records(run_dir)] == [0, 1]  # step 2, whose batch broke off, was not trained
+    # both ranks again, and the trainer starts the server again (nothing kills it this time)
+    resume = ["--resume", str(run_dir), "--env.args", "{num_examples = 8}", "--quiet"]
+    done = subprocess.run([*ranks, *resume], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [r["step"] for r in records(run_dir)] == [0, 1, 2, 3]
+    assert (run_dir / "final").resolve().name == "step-000003"
+
+
+def test_bad_scale_out_input_is_one_line_and_exit_2_before_anything_is_written(
+    tiny_tictactoe_model_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()  # nothing listens there
+    config = tictactoe_config(tmp_path / "rl.toml", tiny_tictactoe_model_dir, tmp_path / "run", served(port))
+
+    def refused(*argv: str) -> str:
+        code = main(["train", "rl", *argv])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and err.startswith("palaestra: error:"), err
+        assert not (tmp_path / "run").exists()
+        return err
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a rank of torchrun's: refused before it joins the others
+    monkeypatch.setenv("RANK", "0")
+    assert "train.max_off_policy_steps > 0 runs on one training process" in refused(
+        str(config), "--train.max_off_policy_steps", "1"
+    )
