@@ -1,14 +1,18 @@
 """RL sampling scaled out, against one remote sampler (``palaestra serve --enable-weight-sync``,
-LoRA sync: a fresh model name per version): 2 torchrun ranks (gloo) sharing it take the very
-steps of the one-process run with that sampler, for the same seed (the server samples each seeded
-request alike whatever shares its batch); a server that dies mid-run stops every rank with one
-line and a resumable run; bad input is one line, exit 2, nothing written."""
+LoRA sync: a fresh model name per version): 2 torchrun ranks (gloo) sharing it, and Ray workers
+rolling out the groups. Both take the very steps of the one-process run with that sampler, for the
+same seed (the server samples each seeded request alike whatever shares its batch); a server that
+dies mid-run stops every rank with one line and a resumable run; a Ray worker killed mid-step has
+its groups run again elsewhere; bad input is one line, exit 2, nothing written."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,6 +142,7 @@ def test_bad_scale_out_input_is_one_line_and_exit_2_before_anything_is_written(
 ) -> None:
     port = free_port()  # nothing listens there
     config = tictactoe_config(tmp_path / "rl.toml", tiny_tictactoe_model_dir, tmp_path / "run", served(port))
+    local = tictactoe_config(tmp_path / "local.toml", tiny_tictactoe_model_dir, tmp_path / "run", "")
 
     def refused(*argv: str) -> str:
         code = main(["train", "rl", *argv])
@@ -146,8 +151,69 @@ def test_bad_scale_out_input_is_one_line_and_exit_2_before_anything_is_written(
         assert not (tmp_path / "run").exists()
         return err
 
+    assert "sampler.executor ray=127.0.0.1:1: no Ray cluster answers there" in refused(
+        str(config), "--sampler.executor", "ray=127.0.0.1:1"
+    )
+    assert 'executor ray needs a remote sampler (kind = "vllm")' in refused(
+        str(local), "--sampler.executor", "ray"
+    )
+    assert "expected local, ray or ray=ADDRESS" in refused(str(config), "--sampler.executor", "dask")
+    assert "workers (2) is for executor ray" in refused(str(config), "--sampler.workers", "2")
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "ray", None)  # Ray not installed
+        err = refused(str(config), "--sampler.executor", "ray")
+    assert err == "palaestra: error: sampler.executor ray needs Ray: pip install 'palaestra[ray]'\n"
     monkeypatch.setenv("WORLD_SIZE", "2")  # a rank of torchrun's: refused before it joins the others
     monkeypatch.setenv("RANK", "0")
+    assert "the Ray workers sample for one training process" in refused(
+        str(config), "--sampler.executor", "ray"
+    )
     assert "train.max_off_policy_steps > 0 runs on one training process" in refused(
         str(config), "--train.max_off_policy_steps", "1"
     )
+
+
+# -- Ray: last in the module, whose cluster stays up until its end -------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A local Ray cluster of 2 CPUs on loopback for these tests (starting one takes seconds)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_workers_roll_out_the_one_process_batches_even_when_one_is_killed_mid_step(
+    cluster: Any,
+    tiny_tictactoe_model_dir: Path,
+    tmp_path: Path,
+    one_process: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from palaestra.eval.ray_executor import RayExecutor
+
+    executors: list[RayExecutor] = []
+    real = RayExecutor.stream_groups
+
+    async def kill_after_the_first_group(self: RayExecutor, *args: Any) -> AsyncGenerator[Any, None]:
+        async with contextlib.aclosing(real(self, *args)) as groups:
+            async for group in groups:
+                if not executors:  # step 1's first group is back: the first worker still has others
+                    executors.append(self)
+                    cluster.kill(self.live[0])
+                yield group
+
+    monkeypatch.setattr(RayExecutor, "stream_groups", kill_after_the_first_group)
+    port = free_port()
+    config = tictactoe_config(tmp_path / "rl.toml", tiny_tictactoe_model_dir, tmp_path / "run", served(port))
+    code = main(
+        ["train", "rl", str(config), "--sampler.executor", "ray", "--sampler.workers", "2", "--quiet"]
+    )
+    assert code == 0, capsys.readouterr().err
+    (executor,) = executors
+    assert executor.stats.died == 1 and executor.stats.rerun >= 1 and executor.stats.started == 3
+    assert not executor.live  # stopped with the run (the cluster is this test's)
+    assert_same_run(tmp_path / "run", one_process)  # nothing lost, nothing twice, the same rollouts

@@ -33,6 +33,10 @@ others wait for each push: ``samplers/remote.py``); the ranks exchange their rol
 advantages, logs and samples are the whole batch's; each rank then updates on every N-th rollout
 with the batch's token weights and the gradients are summed: N ranks take the one-process step.
 Only rank 0 writes and evaluates.
+
+With ``sampler.executor = "ray"`` the groups of a step are rolled out by Ray workers that reach
+the remote server by URL (``samplers/ray_rollouts.py``, the eval path's ``RayExecutor``); the
+trainer gets every group back scored, with its token ids and logprobs, and trains as above.
 """
 
 from __future__ import annotations
@@ -48,8 +52,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from palaestra.clients.base import ModelClient
-from palaestra.engine import stream_groups
+from palaestra.engine import GroupExecutor, stream_groups
 from palaestra.envs.base import Environment
+from palaestra.eval.ray_executor import RayExecutor
 from palaestra.eval.run import evaluate
 from palaestra.eval.store import RunMetadata, RunStore
 from palaestra.registry import load_environment
@@ -100,6 +105,7 @@ from palaestra.train.rl_config import RLConfig
 from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
 from palaestra.train.samplers.failures import check_batch, every_rank, sampler_failures
 from palaestra.train.samplers.local import LocalSampler
+from palaestra.train.samplers.ray_rollouts import check_ray, ray_executor
 from palaestra.train.samplers.remote import RemoteSampler
 from palaestra.train.sft_config import ModelConfig
 from palaestra.types import Example, Rollout, RunSpec, Sampling, derive_seed
@@ -136,6 +142,12 @@ def train_rl(config: RLConfig, *, resume: str | Path | None = None, progress: bo
             "train.max_off_policy_steps > 0 runs on one training process: the ranks would push and sample "
             "in an order of their own; use 0, or one process"
         )
+    if world.size > 1 and config.sampler.executor != "local":
+        raise ConfigError(
+            f"sampler.executor {config.sampler.executor}: the Ray workers sample for one training process; "
+            "run one process, or several with sampler.executor local"
+        )
+    check_ray(config.sampler)  # no Ray, no cluster at the address: refused before the model loads
     try:
         return run_async(_train(config, Path(resume) if resume is not None else None, progress, world))
     finally:
@@ -177,18 +189,21 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     broadcast_parameters(model, world)  # every rank starts from rank 0's weights
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampler: Sampler
+    executor: RayExecutor | None = None  # None: the groups are rolled out in this process
     if config.sampler.kind == "local":
         sampler = LocalSampler(model, tokenizer, max_batch_size=config.train.max_concurrent)
     else:
         sampler = RemoteSampler.of_run(config, model, tokenizer, run_dir, world)
         await sampler.check_reachable()  # an external server that is not there: refused before any write
+        executor = await ray_executor(config, sampler)  # no Ray, no cluster there: refused here too
     trainable, total = parameter_counts(model)
     say = print if progress is not False and world.main else (lambda *_: None)
     groups_per_step = config.train.batch_size // config.train.rollouts_per_example
     say(f"env: {config.env.id}, {len(env.examples)} examples, {groups_per_step} groups of "
         f"{config.train.rollouts_per_example} per step\nmodel: {config.model.path or 'tiny'}, "
         f"{total / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable; {device.type}"
-        f"{', bf16 autocast' if bf16 else ''}; sampler {config.sampler.kind}\n"
+        f"{', bf16 autocast' if bf16 else ''}; sampler {config.sampler.kind}"
+        f"{f', rollouts on {len(executor.live)} Ray workers' if executor else ''}\n"
         f"run: {run_dir}, {config.train.steps} steps, loss {config.loss.name}"
         f"{f' on {world.size} processes' if world.size > 1 else ''}")  # fmt: skip
 
@@ -212,6 +227,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                 (run_dir / CONFIG_FILE).write_text(to_toml(config))
         except BaseException:
             await sampler.aclose()  # a server it started stops with it
+            if executor is not None:
+                executor.close()
             raise
     log = MetricsLog(run_dir, after_step=start, config=config) if world.main else NullLog()
     show = RLProgress(config.train.steps, done=start, log_every=config.output.log_every,
@@ -230,7 +247,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
 
     async def sample(step: int) -> list[Rollout]:
         mine = world.share(step_examples(env.examples, step, groups_per_step))  # this rank's groups
-        return await collect(env, sampler.client, mine, step_spec(step))
+        return await collect(env, sampler.client, mine, step_spec(step), executor)
 
     ahead = config.train.max_off_policy_steps
     batches = Batches(sampler, sample, ahead=ahead, steps=config.train.steps, version=start)
@@ -313,6 +330,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     finally:
         await batches.aclose()
         await sampler.aclose()
+        if executor is not None:
+            executor.close()  # the workers, and a cluster started for the run
         for each in {id(e): e for e in [env, *(e for _, e in eval_envs)]}.values():
             await each.aclose()
     if not world.main:
@@ -323,11 +342,17 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
 
 
 async def collect(
-    env: Environment, client: ModelClient, examples: list[Example], spec: RunSpec
+    env: Environment,
+    client: ModelClient,
+    examples: list[Example],
+    spec: RunSpec,
+    executor: GroupExecutor | None = None,
 ) -> list[Rollout]:
-    """Every scored rollout of ``examples``: the engine's stream, as ``palaestra eval`` runs it."""
+    """Every scored rollout of ``examples``: the engine's stream, as ``palaestra eval`` runs it (on
+    ``executor``'s workers when given)."""
     rollouts: list[Rollout] = []
-    async with contextlib.aclosing(stream_groups(env, client, examples, spec)) as groups:
+    stream = executor.stream_groups if executor is not None else stream_groups
+    async with contextlib.aclosing(stream(env, client, examples, spec)) as groups:
         async for group in groups:
             rollouts.extend(group)
     return sorted(rollouts, key=lambda r: (r.example_id, r.rollout_index))

@@ -2,8 +2,9 @@
 
 A rollout whose model request failed is skipped, as every failed rollout is, when the sampler is
 still there (one bad request). When the sampler itself is gone (its server exited or stops
-answering, the engine gave up after many failures in a row, new weights were refused), the step's
-batch is partial: the run stops with the reason and what it keeps to resume from.
+answering, the engine gave up after many failures in a row, new weights were refused, every Ray
+rollout worker died with no replacement left), the step's batch is partial: the run stops with
+the reason and what it keeps to resume from.
 
 Under torchrun the ranks sample their shares apart, and one may find the server gone while the
 others are still waiting for their requests: ``every_rank`` has them agree before any goes on, so
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.clients.base import ModelUnavailable
+from palaestra.eval.ray_executor import ExecutorError
 from palaestra.train.common import TrainingError, kept
 from palaestra.train.distributed import World
 from palaestra.train.samplers.sync import SyncError
@@ -41,7 +43,7 @@ async def sampler_failures(step: int, sampler: Any, last_saved: Path | None) -> 
     the block: one line, and the run stops before it trains on a partial batch."""
     try:
         yield
-    except (ModelUnavailable, SyncError) as exc:
+    except (ModelUnavailable, SyncError, ExecutorError) as exc:
         reason = await sampler.failure() or str(exc)
         raise SamplerGone(step, reason, last_saved) from None
 
