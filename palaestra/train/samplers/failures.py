@@ -71,8 +71,16 @@ async def every_rank(world: World, step: int, sampler: Any, last_saved: Path | N
         reason = exc.reason
     reasons = [r for r in world.gather([reason]) if r is not None]
     if reasons:
-        if not world.main:  # rank 0 ends first, having said why: a barrier it never joins returns
-            with contextlib.suppress(TrainingError):  # when its process is gone (or torchrun stops this one)
-                world.barrier()
+        after_rank_0(world)
         mine = await sampler.failure() if world.main else None
         raise SamplerGone(step, mine or reasons[0], last_saved)
+
+
+def after_rank_0(world: World) -> None:
+    """On the other ranks, before they stop with an error rank 0 stops with too: wait until rank 0
+    has ended, having said why (a barrier rank 0 never joins returns when its process is gone, or
+    torchrun stops this one). A rank that ended first would have torchrun stop rank 0 before it
+    printed its line, and before it stopped the server it runs."""
+    if not world.main:
+        with contextlib.suppress(TrainingError):
+            world.barrier()

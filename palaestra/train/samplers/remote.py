@@ -40,6 +40,7 @@ from palaestra.clients.openai import OpenAIClient
 from palaestra.train.config import ConfigError
 from palaestra.train.distributed import World
 from palaestra.train.rl_config import RLConfig, SamplerConfig
+from palaestra.train.samplers.failures import after_rank_0
 from palaestra.train.samplers.server import ServerProcess
 from palaestra.train.samplers.sync import LoraSync, ReloadSync, SyncError, save_served
 from palaestra.types import Sampling
@@ -123,6 +124,7 @@ class RemoteSampler:
         if not self.owner:
             model, problem = await self._shared(None)
             if problem is not None or model is None:
+                await asyncio.to_thread(after_rank_0, self.world)
                 raise ConfigError(problem or "")  # rank 0 says it
             self.client.model = model
             return
