@@ -41,3 +41,16 @@ def load(name: str, **kwargs: Any) -> pa.Environment:
     if name != "toy" or unknown:
         raise EnvironmentArgsError(f"environment {name!r} does not take {unknown}")
     return toy_env(**kwargs)
+
+
+def install() -> None:
+    """Ray's ``worker_process_setup_hook`` for the tests' cluster: ``toy`` loads by name in its
+    workers too, as an installed environment would."""
+    from palaestra import registry
+
+    real = registry.load_environment
+
+    def load_here(name: str, **kwargs: Any) -> pa.Environment:
+        return load(name, **kwargs) if name == "toy" else real(name, **kwargs)
+
+    registry.load_environment = load_here
