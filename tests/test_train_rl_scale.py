@@ -3,7 +3,8 @@ LoRA sync: a fresh model name per version): 2 torchrun ranks (gloo) sharing it, 
 rolling out the groups. Both take the very steps of the one-process run with that sampler, for the
 same seed (the server samples each seeded request alike whatever shares its batch); a server that
 dies mid-run stops every rank with one line and a resumable run; a Ray worker killed mid-step has
-its groups run again elsewhere; bad input is one line, exit 2, nothing written."""
+its groups run again elsewhere, and with every worker gone the run stops in one line; bad input is
+one line, exit 2, nothing written."""
 
 from __future__ import annotations
 
@@ -250,3 +251,35 @@ def test_ray_workers_roll_out_the_one_process_batches_even_when_one_is_killed_mi
     assert executor.stats.died == 1 and executor.stats.rerun >= 1 and executor.stats.started == 3
     assert not executor.live  # stopped with the run (the cluster is this test's)
     assert_same_run(tmp_path / "run", one_process)  # nothing lost, nothing twice, the same rollouts
+
+
+def test_every_ray_worker_gone_stops_the_run_in_one_line_before_it_trains(
+    cluster: Any,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from palaestra.eval.ray_executor import RayExecutor
+
+    real = RayExecutor.stream_groups
+
+    async def kill_every_worker(self: RayExecutor, *args: Any) -> AsyncGenerator[Any, None]:
+        async with contextlib.aclosing(real(self, *args)) as groups:
+            async for group in groups:
+                for worker in self.live:  # the one worker, then its one replacement
+                    cluster.kill(worker)
+                yield group
+
+    monkeypatch.setattr(RayExecutor, "stream_groups", kill_every_worker)
+    port, run = free_port(), tmp_path / "run"
+    config = toy_config(tmp_path / "rl.toml", tiny_model_dir, run, served(port))
+    code = main(
+        ["train", "rl", str(config), "--sampler.executor", "ray", "--sampler.workers", "1", "--quiet"]
+    )
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("palaestra: error:")]
+    assert code == 1 and len(errors) == 1, errors
+    assert "every rollout worker died (2), with no replacement left; the run stopped, with no step " \
+           "trained on a partial batch" in errors[0]  # fmt: skip
+    stopped = int(errors[0].split("step ")[1].split(":")[0])  # 1, or 2 when step 1's groups were all back
+    assert [r["step"] for r in records(run)] == list(range(stopped))  # the held-out games, then no step
