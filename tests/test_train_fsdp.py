@@ -165,3 +165,22 @@ def test_lora_with_fsdp_is_refused_in_one_line_and_writes_nothing(
     assert code == 2 and err.count("\n") == 1, err
     assert "train.fsdp with lora.enabled is not supported" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_fsdp_with_a_remote_sampler_is_refused_in_one_line_and_writes_nothing(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = rl_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", steps=1, fsdp=True)
+    remote = [
+        "--sampler.kind",
+        "vllm",
+        "--sampler.url",
+        "http://127.0.0.1:9/v1",
+        "--sampler.weights_dir",
+        str(tmp_path / "w"),
+    ]
+    code = main(["train", "rl", str(config), *remote])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "train.fsdp works with the local sampler only" in err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "w").exists()

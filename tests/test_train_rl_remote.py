@@ -22,46 +22,18 @@ import pytest
 
 import palaestra as pa
 from palaestra.cli import main
-from palaestra.registry import EnvironmentArgsError
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from toy_rl_env import load  # noqa: E402 - after the skips, as the other helpers
+
 TIMINGS = ("seconds", "_per_s")
-
-
-def share_of_a(completion: list[dict[str, Any]]) -> float:
-    text = str(completion[-1]["content"])
-    return text.count("a") / max(len(text), 1)
-
-
-def toy_env(num_examples: int = 8, seed: int = 0, kill_at: int = 0, pidfile: str = "") -> pa.Environment:
-    """One-turn prompts rewarded by the share of ``a`` in the reply; the ``kill_at``-th reward (counted
-    by this environment) SIGKILLs the process whose pid is in ``pidfile``: a sampler server dying mid-step."""
-
-    calls = [0]
-
-    def reward(completion: list[dict[str, Any]]) -> float:
-        calls[0] += 1
-        if kill_at and calls[0] == kill_at:
-            import signal
-
-            os.kill(int(Path(pidfile).read_text()), signal.SIGKILL)
-        return share_of_a(completion)
-
-    rows = [{"question": f"say something {i + seed}"} for i in range(num_examples)]
-    return pa.SingleTurnEnv(dataset=rows, rubric=pa.Rubric([reward]))
 
 
 @pytest.fixture(autouse=True)
 def toy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from palaestra.train import rl
-
-    def load(name: str, **kwargs: Any) -> pa.Environment:
-        unknown = sorted(set(kwargs) - {"num_examples", "seed", "kill_at", "pidfile"})
-        if name != "toy" or unknown:
-            raise EnvironmentArgsError(f"environment {name!r} does not take {unknown}")
-        return toy_env(**kwargs)
 
     monkeypatch.setattr(rl, "load_environment", load)
 
@@ -83,7 +55,16 @@ def serve_command(port: int, *, weight_sync: bool = True, pidfile: Path | None =
 
 
 def write_config(
-    path: Path, model: Path, out: Path, *, sampler: str = "", env: str = "", steps: int = 2, **train: Any
+    path: Path,
+    model: Path,
+    out: Path,
+    *,
+    sampler: str = "",
+    env: str = "",
+    steps: int = 2,
+    batch_size: int = 8,
+    rollouts_per_example: int = 4,
+    **train: Any,
 ) -> Path:
     extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in train.items())
     path.write_text(f"""
@@ -98,8 +79,8 @@ max_tokens = 8
 lr = 1e-3
 [train]
 steps = {steps}
-batch_size = 8
-rollouts_per_example = 4
+batch_size = {batch_size}
+rollouts_per_example = {rollouts_per_example}
 threads = 1
 {extra}
 [eval]

@@ -78,6 +78,7 @@ class ClientOptions:
     no_api_key: bool = False
     timeout: float = 300.0
     max_retries: int = 3
+    extra_body: dict[str, Any] | None = None  # sent with every request (the RL sampler: token ids)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, model: str) -> ClientOptions:
@@ -158,6 +159,7 @@ def make_client(options: ClientOptions, max_concurrent: int = 32) -> pa.ModelCli
                 timeout=options.timeout,
                 max_retries=options.max_retries,
                 max_connections=max_concurrent,
+                extra_body=options.extra_body,
             )
             for url in urls
         ]

@@ -21,6 +21,11 @@ saving, the summary and ``--resume`` are exactly those of a one-process run.
   run). A group is saved only from the one call that returned it, so nothing is lost and nothing
   is saved twice; rollouts depend on the seed, the example and the rollout index only, so the
   summary is the one-process run's.
+
+The RL trainer runs its steps' groups here too (``sampler.executor = "ray"``, in
+``palaestra.train.samplers.ray_rollouts``): one executor for the whole run (``keep_workers``: the
+workers stay between steps, each call carrying its step's seed), and each call naming the model
+the driver's client asks for (``follow_model``: the policy version synced last).
 """
 
 from __future__ import annotations
@@ -51,28 +56,29 @@ class ExecutorError(RuntimeError):
     """The executor cannot run the groups: no Ray, no cluster at the address, no worker left."""
 
 
-def import_ray() -> Any:
-    """The ``ray`` module; ``ExecutorError`` naming the extra when it is not installed."""
+def import_ray(option: str = "--executor") -> Any:
+    """The ``ray`` module; ``ExecutorError`` naming the extra when it is not installed. ``option``:
+    how the user asked for Ray, in the message (``--executor``, the RL config's ``sampler.executor``)."""
     try:
         import ray
     except ImportError:
-        raise ExecutorError(f"--executor ray needs Ray: {RAY_EXTRA}") from None
+        raise ExecutorError(f"{option} ray needs Ray: {RAY_EXTRA}") from None
     return ray
 
 
-def check_address(address: str, timeout: float = 5.0) -> None:
+def check_address(address: str, timeout: float = 5.0, option: str = "--executor") -> None:
     """Fail fast, in one line, when nothing listens at a ``HOST:PORT`` or ``ray://HOST:PORT`` address
     (Ray itself keeps retrying for a minute); ``auto`` and a local cluster are not checked here."""
     if address == "auto":
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        raise ExecutorError(f"--executor ray={address}: expected auto, HOST:PORT or ray://HOST:PORT")
+        raise ExecutorError(f"{option} ray={address}: expected auto, HOST:PORT or ray://HOST:PORT")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as exc:
         raise ExecutorError(
-            f"--executor ray={address}: no Ray cluster answers there ({exc.strerror or exc})"
+            f"{option} ray={address}: no Ray cluster answers there ({exc.strerror or exc})"
         ) from None
 
 
@@ -103,16 +109,22 @@ class RolloutWorker:
         """What stops this worker from running groups (None: nothing), and its process id."""
         return self.problem, os.getpid()
 
-    async def run_group(self, example: Example) -> list[dict[str, Any]]:
-        """The scored rollouts of ``example``'s group, as saved (``Rollout.to_dict``)."""
+    async def run_group(
+        self, example: Example, seed: int | None = None, model: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The scored rollouts of ``example``'s group, as saved (``Rollout.to_dict``); ``seed``
+        (default: the spec's) and ``model`` (default: the client's) are the call's own."""
         if self._limited is None:  # made on the actor's own event loop
             self._limited = LimitedClient(
                 self.client, asyncio.Semaphore(self.spec.max_concurrent),
                 max_failures_in_a_row=self.spec.max_failures_in_a_row, on_give_up=self._give_up,
             )  # fmt: skip
         spec = self.spec
+        if model is not None:  # an OpenAI client (the RL sampler's): the policy version to ask for
+            self.client.model = model
         rollouts = await run_group(self.env, self._limited, example, count=spec.rollouts_per_example,
-                                   seed=spec.seed, sampling=spec.sampling or self.env.sampling)  # fmt: skip
+                                   seed=spec.seed if seed is None else seed,
+                                   sampling=spec.sampling or self.env.sampling)  # fmt: skip
         if self.gave_up is not None:
             n = spec.max_failures_in_a_row
             raise ModelUnavailable(
@@ -140,7 +152,11 @@ class RayExecutor:
 
     ``address``: ``None`` starts a local cluster (stopped at the end), ``"auto"`` or ``HOST:PORT``
     joins a running one; a process that is already connected (``ray.init`` called) uses its
-    cluster. ``workers``: default, one per CPU of the cluster."""
+    cluster. ``workers``: default, one per CPU of the cluster. ``keep_workers``: the workers (and
+    a cluster started here) outlive a ``stream_groups`` call, for many calls, until ``close()``;
+    specs that differ only in their seed share them. ``follow_model``: each group asks for the
+    model the driver's client names at the call. ``option``/``workers_option``: the user's names
+    for the address and the count, in messages."""
 
     def __init__(
         self,
@@ -150,17 +166,24 @@ class RayExecutor:
         *,
         address: str | None = None,
         workers: int | None = None,
+        keep_workers: bool = False,
+        follow_model: bool = False,
+        option: str = "--executor",
+        workers_option: str = "--workers",
     ) -> None:
         if workers is not None and workers < 1:
-            raise ExecutorError(f"--workers must be at least 1, got {workers}")
+            raise ExecutorError(f"{workers_option} must be at least 1, got {workers}")
         self.env_id, self.env_args, self.client = env_id, env_args, client
         self.address, self.workers = address, workers
+        self.keep_workers, self.follow_model = keep_workers, follow_model
+        self.option, self.workers_option = option, workers_option
         self.stats = WorkerStats()
         self.live: list[Any] = []  # the live workers (actor handles)
         self._spec: RunSpec | None = None
-        self.ray = import_ray()
+        self._spare = 0  # replacements left for workers that die
+        self.ray = import_ray(option)
         if address is not None:
-            check_address(address)
+            check_address(address, option=option)
         self.started_here = not self.ray.is_initialized()
         if self.started_here:  # connect now: a cluster that cannot be joined is refused before any write
             local = {} if address else {"num_cpus": max(workers or 0, os.cpu_count() or 1)}
@@ -168,13 +191,14 @@ class RayExecutor:
                 self.ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise ExecutorError(f"--executor ray={address}: cannot join the cluster ({first})") from None
+                raise ExecutorError(f"{option} ray={address}: cannot join the cluster ({first})") from None
 
     async def start(self, spec: RunSpec) -> None:
         """Start the workers for runs of ``spec`` (its sampling resolved), unless they run for it
         already. A worker that cannot load the environment is an ``ExecutorError`` naming the node.
         ``stream_groups`` starts them when needed; ``palaestra eval`` does it before the run folder
         exists, so that such a node costs one line and writes nothing."""
+        spec = spec.replace(seed=0)  # each call carries its seed: specs of other seeds share workers
         if self.live and spec == self._spec:
             return
         self.stop()
@@ -182,8 +206,10 @@ class RayExecutor:
         cpus = int(ray.cluster_resources().get("CPU", 0))
         count = self.workers or max(1, cpus)
         if count > cpus:  # each worker takes a CPU: the others would wait for one forever
-            raise ExecutorError(f"--workers {count}: the Ray cluster has {cpus} CPUs, one per worker")
-        self._spec, self._count = spec, count
+            raise ExecutorError(
+                f"{self.workers_option} {count}: the Ray cluster has {cpus} CPUs, one per worker"
+            )
+        self._spec, self._count, self._spare = spec, count, count
         self._per_worker = spec.replace(max_concurrent=math.ceil(spec.max_concurrent / count))
         self._actor = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(RolloutWorker)
         await asyncio.gather(*(self._start_one() for _ in range(count)))
@@ -219,15 +245,16 @@ class RayExecutor:
         ray, live = self.ray, self.live
         todo: deque[Example] = deque(examples)
         pending: dict[asyncio.Future[Any], tuple[Any, Example]] = {}
+        model = getattr(client, "model", None) if self.follow_model else None
         try:
             await self.start(spec.replace(sampling=spec.sampling or env.sampling))
             limit = groups_in_flight(self._per_worker)  # groups in flight per worker
-            spare = self._count  # replacements left
             while todo or pending:
                 for worker in list(live):
                     while todo and sum(w is worker for w, _ in pending.values()) < limit:
                         example = todo.popleft()
-                        pending[asyncio.ensure_future(worker.run_group.remote(example))] = (worker, example)
+                        call = worker.run_group.remote(example, spec.seed, model)
+                        pending[asyncio.ensure_future(call)] = (worker, example)
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for future in done:
                     worker, example = pending.pop(future)
@@ -238,12 +265,12 @@ class RayExecutor:
                         self.stats.rerun += 1
                         if worker in live:
                             self._drop(worker)
-                            if spare > 0:
-                                spare -= 1
+                            if self._spare > 0:
+                                self._spare -= 1
                                 await self._start_one()
                         if not live:
                             raise ExecutorError(
-                                f"every rollout worker died ({self.stats.died}); the groups done are saved"
+                                f"every rollout worker died ({self.stats.died}), with no replacement left"
                             ) from None
                         continue
                     except ray.exceptions.RayTaskError as exc:  # the worker's own error, as raised there
@@ -252,9 +279,14 @@ class RayExecutor:
         finally:
             for future in pending:
                 future.cancel()
-            self.stop()
-            if self.started_here:
-                ray.shutdown()
+            if not self.keep_workers:
+                self.close()
+
+    def close(self) -> None:
+        """Kill the workers, and stop the cluster if this executor started it."""
+        self.stop()
+        if self.started_here and self.ray.is_initialized():
+            self.ray.shutdown()
 
     def _drop(self, worker: Any) -> None:
         """Forget a worker that died (and make sure it is gone: an unreachable one must not go on)."""

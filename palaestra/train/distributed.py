@@ -99,6 +99,18 @@ class World:
             dist.all_gather_object(parts, items)
         return [item for part in parts for item in part]
 
+    def broadcast(self, value: T) -> T:
+        """Rank 0's ``value`` on every rank (pickled: small data only)."""
+        if self.size == 1:
+            return value
+        import torch.distributed as dist
+
+        box: list[Any] = [value]
+        with _collective():
+            dist.broadcast_object_list(box, src=0)
+        shared: T = box[0]
+        return shared
+
     def barrier(self) -> None:
         """Wait until every rank gets here (before rank 0's first write: every rank has checked)."""
         if self.size > 1:

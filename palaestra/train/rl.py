@@ -13,7 +13,7 @@ One step, top to bottom (``_train``):
    (``Sampler.sync``): the local sampler shares the trained module, so nothing is copied; a
    remote one (vLLM, ``palaestra serve``) gets a LoRA adapter or a reload per version;
 5. log, save a sample of the batch's rollouts as a run ``palaestra report`` opens, checkpoint,
-   and play the held-out sets every ``eval.every`` steps.
+   and play the held-out sets every ``eval.every`` steps (``rl_records.py``).
 
 Departures from GRPO as published (DeepSeekMath), on purpose: advantages are not divided by the
 group's std unless asked (Dr. GRPO); the default loss is CISPO, which never zeroes a token's
@@ -27,13 +27,19 @@ sampler-vs-trainer mismatch is logged every step (``mismatch/...``) and, when as
 ``loss.mis``), corrected by truncated or masked importance weights, the loss's ratios then taken
 against the trainer's own logprobs before the update (``mismatch.py``).
 
-Under torchrun (``distributed.py``), each rank samples its share of the step's groups with its
-own copy of the policy; the ranks exchange their rollouts, so advantages, logs and samples are the
-whole batch's; each rank then updates on every N-th rollout with the batch's token weights and the
-gradients are summed: N ranks take the one-process step. Only rank 0 writes and evaluates. With
-``train.fsdp`` (``fsdp.py``) the optimizer state, and the weights and gradients it steps on, are
-sharded over the ranks, and the weights gathered whole again after each update: the local sampler
-generates with the full weights on each rank, no collective inside generation.
+Under torchrun (``distributed.py``), each rank samples its share of the step's groups, with its
+own copy of the policy or from the one remote server (rank 0 owns it and pushes the weights; the
+others wait for each push: ``samplers/remote.py``); the ranks exchange their rollouts, so
+advantages, logs and samples are the whole batch's; each rank then updates on every N-th rollout
+with the batch's token weights and the gradients are summed: N ranks take the one-process step.
+Only rank 0 writes and evaluates. With ``train.fsdp`` (``fsdp.py``) the optimizer state, and the
+weights and gradients it steps on, are sharded over the ranks, and the weights gathered whole
+again after each update: the local sampler generates with the full weights on each rank, no
+collective inside generation.
+
+With ``sampler.executor = "ray"`` the groups of a step are rolled out by Ray workers that reach
+the remote server by URL (``samplers/ray_rollouts.py``, the eval path's ``RayExecutor``); the
+trainer gets every group back scored, with its token ids and logprobs, and trains as above.
 """
 
 from __future__ import annotations
@@ -49,10 +55,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from palaestra.clients.base import ModelClient
-from palaestra.engine import stream_groups
+from palaestra.engine import GroupExecutor, stream_groups
 from palaestra.envs.base import Environment
-from palaestra.eval.run import evaluate
-from palaestra.eval.store import RunMetadata, RunStore
+from palaestra.eval.ray_executor import RayExecutor
 from palaestra.registry import load_environment
 from palaestra.train import checkpoint as ckpt
 from palaestra.train import fsdp
@@ -86,7 +91,7 @@ from palaestra.train.distributed import (
     world_from_env,
 )
 from palaestra.train.losses import LossConfig
-from palaestra.train.metrics import MetricsLog, TrainProgress
+from palaestra.train.metrics import MetricsLog
 from palaestra.train.model import (
     ADAPTER_DIR,
     add_lora,
@@ -99,12 +104,14 @@ from palaestra.train.model import (
 from palaestra.train.off_policy import Batches
 from palaestra.train.policy_update import Diverged, policy_update
 from palaestra.train.rl_config import RLConfig
+from palaestra.train.rl_records import RLProgress, evaluate_sets, sample_metadata, save_run, step_record
 from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
-from palaestra.train.samplers.failures import check_batch, sampler_failures
+from palaestra.train.samplers.failures import check_batch, every_rank, sampler_failures
 from palaestra.train.samplers.local import LocalSampler
+from palaestra.train.samplers.ray_rollouts import check_ray, ray_executor
 from palaestra.train.samplers.remote import RemoteSampler
 from palaestra.train.sft_config import ModelConfig
-from palaestra.types import Example, Rollout, RunSpec, Sampling, derive_seed
+from palaestra.types import Example, Rollout, RunSpec, derive_seed
 
 
 class Sampler(Protocol):
@@ -133,11 +140,17 @@ def train_rl(config: RLConfig, *, resume: str | Path | None = None, progress: bo
 
     world = world_from_env()  # one process, or one rank of torchrun's
     check_shares(config.train, world)  # a group is never split across ranks
-    if world.size > 1 and config.sampler.kind != "local":
+    if world.size > 1 and config.train.max_off_policy_steps:
         raise ConfigError(
-            f"sampler.kind {config.sampler.kind}: several training processes sample with sampler.kind "
-            "local (each rank its share of the groups); run one process with a remote sampler"
+            "train.max_off_policy_steps > 0 runs on one training process: the ranks would push and sample "
+            "in an order of their own; use 0, or one process"
         )
+    if world.size > 1 and config.sampler.executor != "local":
+        raise ConfigError(
+            f"sampler.executor {config.sampler.executor}: the Ray workers sample for one training process; "
+            "run one process, or several with sampler.executor local"
+        )
+    check_ray(config.sampler)  # no Ray, no cluster at the address: refused before the model loads
     try:
         return run_async(_train(config, Path(resume) if resume is not None else None, progress, world))
     finally:
@@ -180,18 +193,21 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     shards = fsdp.shard(model, world, device, config.train.fsdp)  # gathered whole but for the updates
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampler: Sampler
+    executor: RayExecutor | None = None  # None: the groups are rolled out in this process
     if config.sampler.kind == "local":
         sampler = LocalSampler(model, tokenizer, max_batch_size=config.train.max_concurrent)
     else:
-        sampler = RemoteSampler.of_run(config, model, tokenizer, run_dir)
+        sampler = RemoteSampler.of_run(config, model, tokenizer, run_dir, world)
         await sampler.check_reachable()  # an external server that is not there: refused before any write
+        executor = await ray_executor(config, sampler)  # no Ray, no cluster there: refused here too
     trainable, total = parameter_counts(model)
     say = print if progress is not False and world.main else (lambda *_: None)
     groups_per_step = config.train.batch_size // config.train.rollouts_per_example
     say(f"env: {config.env.id}, {len(env.examples)} examples, {groups_per_step} groups of "
         f"{config.train.rollouts_per_example} per step\nmodel: {config.model.path or 'tiny'}, "
         f"{total / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable; {device.type}"
-        f"{', bf16 autocast' if bf16 else ''}; sampler {config.sampler.kind}\n"
+        f"{', bf16 autocast' if bf16 else ''}; sampler {config.sampler.kind}"
+        f"{f', rollouts on {len(executor.live)} Ray workers' if executor else ''}\n"
         f"run: {run_dir}, {config.train.steps} steps, loss {config.loss.name}"
         f"{fsdp.processes(world, config.train.fsdp)}")  # fmt: skip
 
@@ -217,6 +233,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                 (run_dir / CONFIG_FILE).write_text(to_toml(config))
         except BaseException:
             await sampler.aclose()  # a server it started stops with it
+            if executor is not None:
+                executor.close()
             raise
     log = MetricsLog(run_dir, after_step=start, config=config) if world.main else NullLog()
     show = RLProgress(config.train.steps, done=start, log_every=config.output.log_every,
@@ -224,14 +242,18 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     last_saved = checkpoint
     model.eval()
 
+    # the ranks' requests to one remote server: train.max_concurrent in flight in all
+    in_flight = config.train.max_concurrent
+    if config.sampler.kind != "local":
+        in_flight = math.ceil(in_flight / world.size)
+
     def step_spec(step: int) -> RunSpec:
-        return RunSpec(rollouts_per_example=config.train.rollouts_per_example,
-                       max_concurrent=config.train.max_concurrent, sampling=sampling,
-                       seed=derive_seed("palaestra/rl", config.train.seed, step))  # fmt: skip
+        return RunSpec(rollouts_per_example=config.train.rollouts_per_example, max_concurrent=in_flight,
+                       sampling=sampling, seed=derive_seed("palaestra/rl", config.train.seed, step))  # fmt: skip
 
     async def sample(step: int) -> list[Rollout]:
         mine = world.share(step_examples(env.examples, step, groups_per_step))  # this rank's groups
-        return await collect(env, sampler.client, mine, step_spec(step))
+        return await collect(env, sampler.client, mine, step_spec(step), executor)
 
     ahead = config.train.max_off_policy_steps
     batches = Batches(sampler, sample, ahead=ahead, steps=config.train.steps, version=start)
@@ -239,12 +261,18 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
         with show, log, writes_stop_the_run(lambda: last_saved):
             if start == 0 and eval_envs and world.main:  # where the policy starts from
                 async with sampler_failures(0, sampler, last_saved), batches.newest():
-                    log.write({"step": 0, **await _evaluate(eval_envs, sampler, config, run_dir, 0)})
+                    log.write(
+                        {"step": 0, **await evaluate_sets(eval_envs, sampler.client, config, run_dir, 0)}
+                    )
 
             # -- the loop ---------------------------------------------------------------------------
             for step in range(start, config.train.steps):
                 t0, started = time.perf_counter(), time.gmtime()
-                async with sampler_failures(step + 1, sampler, last_saved):
+                # a sampler gone for any rank stops them all at this step
+                async with (
+                    every_rank(world, step + 1, sampler, last_saved),
+                    sampler_failures(step + 1, sampler, last_saved),
+                ):
                     batch, waited = await batches.take(step)  # sampled by policy version batch.version
                     await check_batch(batch.rollouts, step + 1, sampler, last_saved)
                     # k > 0: the next steps' batches are sampled while this one trains
@@ -285,18 +313,25 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                 record["seconds_sync"], batches.sync_seconds = batches.sync_seconds, 0.0
                 done = step + 1 == config.train.steps
                 evaluates = done or (config.eval.every and (step + 1) % config.eval.every == 0)
-                if world.main and eval_envs and evaluates:
-                    async with sampler_failures(step + 1, sampler, last_saved), batches.newest():
-                        record.update(await _evaluate(eval_envs, sampler, config, run_dir, step + 1))
+                if eval_envs and evaluates:  # every rank: the push of the newest weights is every rank's
+                    async with (
+                        every_rank(world, step + 1, sampler, last_saved),
+                        sampler_failures(step + 1, sampler, last_saved),
+                        batches.newest(),
+                    ):
+                        if world.main:
+                            record.update(
+                                await evaluate_sets(eval_envs, sampler.client, config, run_dir, step + 1)
+                            )
                 log.write(record)
                 show.update(record)
                 every = config.output.sample_every
                 if world.main and every and ((step + 1) % every == 0 or done):
                     keep = config.output.sample_groups * config.train.rollouts_per_example
                     name = f"step-{step + 1:06d}"
-                    header = _sample_metadata(rollouts[:keep], config, step_spec(step), name,
-                                              version=batch.version, started=started)  # fmt: skip
-                    _save_run(run_dir / "samples" / name, rollouts[:keep], header)
+                    header = sample_metadata(rollouts[:keep], config, step_spec(step), name,
+                                             version=batch.version, started=started)  # fmt: skip
+                    save_run(run_dir / "samples" / name, rollouts[:keep], header)
                 saves = done or (config.output.save_every and (step + 1) % config.output.save_every == 0)
                 full = shards.full_state(optimizer) if shards and saves else None  # every rank: a collective
                 if world.main and saves:
@@ -308,6 +343,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     finally:
         await batches.aclose()
         await sampler.aclose()
+        if executor is not None:
+            executor.close()  # the workers, and a cluster started for the run
         for each in {id(e): e for e in [env, *(e for _, e in eval_envs)]}.values():
             await each.aclose()
     if not world.main:
@@ -318,11 +355,17 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
 
 
 async def collect(
-    env: Environment, client: ModelClient, examples: list[Example], spec: RunSpec
+    env: Environment,
+    client: ModelClient,
+    examples: list[Example],
+    spec: RunSpec,
+    executor: GroupExecutor | None = None,
 ) -> list[Rollout]:
-    """Every scored rollout of ``examples``: the engine's stream, as ``palaestra eval`` runs it."""
+    """Every scored rollout of ``examples``: the engine's stream, as ``palaestra eval`` runs it (on
+    ``executor``'s workers when given)."""
     rollouts: list[Rollout] = []
-    async with contextlib.aclosing(stream_groups(env, client, examples, spec)) as groups:
+    stream = executor.stream_groups if executor is not None else stream_groups
+    async with contextlib.aclosing(stream(env, client, examples, spec)) as groups:
         async for group in groups:
             rollouts.extend(group)
     return sorted(rollouts, key=lambda r: (r.example_id, r.rollout_index))
@@ -332,113 +375,6 @@ def step_examples(examples: Sequence[Example], step: int, count: int) -> list[Ex
     """The ``count`` consecutive examples of ``step``, wrapping around the dataset."""
     n = len(examples)
     return [examples[(step * count + i) % n] for i in range(count)]
-
-
-def step_record(
-    step: int,
-    rollouts: list[Rollout],
-    advantages: Any,
-    stats: Any,
-    lr: float,
-    sampling_s: float,
-    training_s: float,
-) -> dict[str, Any]:
-    """What one step logs: rewards and metrics of its rollouts, the update's figures, the time split."""
-    scored = [r for r in rollouts if r.reward is not None]
-    turns = [t for r in rollouts for t in r.turns]
-    sampled = sum(len(t.token_ids or ()) for t in turns)
-    record: dict[str, Any] = {
-        "step": step,
-        "reward": _mean([r.reward for r in scored if r.reward is not None]),
-        "errors": sum(r.error is not None for r in rollouts),
-        "zero_groups": advantages.zero_groups,
-        "groups": advantages.groups,
-        "completion_tokens": sampled / max(len(turns), 1),
-        "truncated": sum(t.finish_reason == "length" for t in turns) / max(len(turns), 1),
-        "lr": lr,
-        "seconds_sampling": sampling_s,
-        "seconds_training": training_s,
-        "seconds": sampling_s + training_s,
-        "sampled_tokens_per_s": sampled / max(sampling_s, 1e-9),
-    }
-    for name in sorted({m for r in scored for m in r.metrics}):
-        record[f"metrics/{name}"] = _mean([r.metrics[name] for r in scored if name in r.metrics])
-    for env in sorted({r.env for r in rollouts if r.env is not None}):  # an EnvGroup: each one's reward
-        record[f"reward/{env}"] = _mean([r.reward for r in scored if r.env == env and r.reward is not None])
-    if stats is not None:
-        record.update(loss=stats.loss, grad_norm=stats.grad_norm, trained_tokens=stats.trained_tokens,
-                      clipped_fraction=stats.clipped_fraction, ratio_mean=stats.ratio_mean,
-                      entropy=stats.entropy, trained_tokens_per_s=stats.trained_tokens / max(training_s, 1e-9),
-                      shared_prefix=stats.shared_prefix)  # fmt: skip
-        if stats.kl is not None:
-            record["kl"] = stats.kl
-        record.update({f"mismatch/{name}": value for name, value in stats.mismatch.items()})
-    return record
-
-
-class RLProgress(TrainProgress):
-    label = "rl"
-
-    def stats(self, record: dict[str, Any]) -> str:
-        reward = record.get("reward")
-        loss = record.get("loss")
-        held_out = record.get("eval/reward")
-        return (
-            f"reward {reward if reward is None else f'{reward:.3f}'}  "
-            + (f"held-out {held_out:.3f}  " if held_out is not None else "")
-            + (f"loss {loss:.4f}  entropy {record['entropy']:.3f}  " if loss is not None else "no signal  ")
-            + f"{record['seconds_sampling']:.0f}s sampling, {record['seconds_training']:.0f}s training"
-        )
-
-
-async def _evaluate(
-    eval_envs: list[tuple[str, Environment]], sampler: Sampler, config: RLConfig, run_dir: Path, step: int
-) -> dict[str, float | None]:
-    """Each held-out set, one rollout per example, saved as a run in ``RUN_DIR/evals/step-N/SET``;
-    its means logged as ``eval/SET/...``."""
-    out: dict[str, float | None] = {}
-    sampling = Sampling(temperature=config.eval.temperature, max_tokens=config.sampling.max_tokens)
-    rewards = []
-    for (name, env), eval_set in zip(eval_envs, config.eval.sets, strict=True):
-        spec = RunSpec(num_examples=min(config.eval.num_examples, len(env.examples)),
-                       max_concurrent=config.train.max_concurrent, sampling=sampling)  # fmt: skip
-        run = await evaluate(env, sampler.client, spec, output_dir=None, env_id=f"{config.env.id}-{name}",
-                             env_args=eval_set.args)  # fmt: skip
-        _save_run(run_dir / "evals" / f"step-{step:06d}" / name, run.rollouts, run.metadata)
-        summary = run.summary
-        out[f"eval/{name}/reward"] = summary["reward"]["mean"]
-        rewards.append(summary["reward"]["mean"])
-        for metric, stats in summary["metrics"].items():
-            out[f"eval/{name}/{metric}"] = stats["mean"]
-        for env_name, stats in (summary.get("by_env") or {}).items():  # an EnvGroup: each one's reward
-            out[f"eval/{name}/reward/{env_name}"] = stats["reward"]["mean"]
-    known = [r for r in rewards if r is not None]
-    out["eval/reward"] = _mean(known) if known else None
-    return out
-
-
-def _sample_metadata(rollouts: list[Rollout], config: RLConfig, spec: RunSpec, run_id: str, *, version: int,
-                     started: time.struct_time) -> RunMetadata:  # fmt: skip
-    """A saved sample's header: the policy version that sampled it, its groups, and when its step ran."""
-    from palaestra.eval.summary import summarize
-
-    groups = len({r.example_id for r in rollouts})
-    model = f"{config.model.path or 'tiny model'} @ policy version {version}"
-    stamp = "%Y-%m-%dT%H:%M:%SZ"
-    return RunMetadata(env_id=config.env.id, model=model, spec=dataclasses.replace(spec, num_examples=groups),
-                       env_args=config.env.args, run_id=run_id, status="complete",
-                       started_at=time.strftime(stamp, started), finished_at=time.strftime(stamp, time.gmtime()),
-                       counts={"expected": len(rollouts), "saved": len(rollouts),
-                               "errors": sum(r.error is not None for r in rollouts)},
-                       summary=summarize(rollouts, rollouts_per_example=spec.rollouts_per_example))  # fmt: skip
-
-
-def _save_run(path: Path, rollouts: list[Rollout], metadata: RunMetadata) -> None:
-    """``rollouts`` as a saved run at ``path`` (``palaestra report PATH`` opens it)."""
-    path.mkdir(parents=True, exist_ok=True)
-    store = RunStore(path)
-    store.rewrite(rollouts)
-    store.write_metadata(metadata)
 
 
 def _load_env(env_id: str, args: dict[str, Any], where: str) -> Environment:
@@ -463,10 +399,6 @@ def _check_template(tokenizer: Any, env: Environment) -> None:
             f"the model's chat template cannot render the environment's first prompt ({roles}"
             f"{', with tools' if tools else ''}): {exc}"
         ) from None
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return math.fsum(values) / len(values) if values else None
 
 
 def resume_config(run_dir: str | Path, overrides: dict[str, str] | None = None) -> RLConfig:

@@ -219,7 +219,12 @@ class SamplerConfig:
     and stops it at the end. ``{weights_dir}`` in it is replaced by the folder the starting
     weights are written to (``weights_dir``; default ``RUN_DIR/sampler``), which it should serve.
     ``sync``: how new weights reach it; ``auto`` is ``lora`` with ``[lora]`` enabled (an adapter
-    per version), else ``reload`` (the weights written to ``weights_dir``, then reloaded)."""
+    per version), else ``reload`` (the weights written to ``weights_dir``, then reloaded).
+
+    ``executor``: where the rollouts run: this process (``local``), or Ray workers that reach the
+    server at ``url`` (``ray``: a new local cluster; ``ray=ADDRESS``: ``auto``, ``HOST:PORT`` or
+    ``ray://HOST:PORT``, a running one), ``workers`` of them (0: one per CPU of the cluster), as
+    ``palaestra eval --executor ray[=ADDRESS] --workers N`` runs them."""
 
     kind: Literal["local", "vllm"] = "local"
     url: str = ""  # vllm: the server's base URL, http://HOST:PORT/v1
@@ -229,11 +234,25 @@ class SamplerConfig:
     weights_dir: str = ""  # the folder the server serves and reloads; "": RUN_DIR/sampler
     model: str = ""  # the served model's name; "": the first one its /v1/models lists
     timeout: float = 600.0  # seconds per request
+    executor: str = "local"  # local | ray | ray=ADDRESS
+    workers: int = 0  # ray: rollout workers; 0: one per CPU of the cluster
 
     def __post_init__(self) -> None:
         from palaestra.clients.openai import ClientConfigError, check_base_url
 
+        kind, eq, address = self.executor.partition("=")
+        if (kind, eq) != ("local", "") and (kind != "ray" or (eq and not address)):
+            raise ValueError(f"executor {self.executor!r}: expected local, ray or ray=ADDRESS")
+        if self.workers < 0 or (self.workers and kind != "ray"):
+            raise ValueError(
+                f"workers ({self.workers}) is for executor ray: at least 1, or 0 for one per CPU"
+            )
         if self.kind == "local":
+            if kind == "ray":
+                raise ValueError(
+                    'executor ray needs a remote sampler (kind = "vllm"): the Ray workers reach the '
+                    "server by its url; the local sampler samples in the training process"
+                )
             given = [n for n in ("url", "command", "weights_dir", "model") if getattr(self, n)]
             if given or self.sync != "auto":
                 raise ValueError(f'{(given or ["sync"])[0]} is for kind = "vllm" (a server); kind is "local"')
@@ -250,6 +269,11 @@ class SamplerConfig:
             raise ValueError(f"command: {exc}") from None
         if not 0 < self.startup_timeout <= 86400 or not 0 < self.timeout <= 86400:
             raise ValueError("startup_timeout and timeout must be between 0 and 86400 seconds")
+
+    @property
+    def ray_address(self) -> str | None:
+        """``executor = "ray=ADDRESS"``: the address; ``"ray"``: None (a new local cluster)."""
+        return self.executor.partition("=")[2] or None
 
     def sync_for(self, lora: bool) -> Literal["lora", "reload"]:
         """The weight sync of a run with (``lora``) or without LoRA."""
@@ -275,6 +299,11 @@ class RLConfig:
 
     def __post_init__(self) -> None:
         check_fsdp(self.train.fsdp, self.lora.enabled)
+        if self.train.fsdp and self.sampler.kind != "local":
+            raise ValueError(
+                "train.fsdp works with the local sampler only: the weights a remote sampler is sent are "
+                "written from the unsharded model, which no test has run yet; set train.fsdp = false"
+            )
         if self.train.max_off_policy_steps and self.sampler.kind == "local":
             raise ValueError(
                 "train.max_off_policy_steps > 0 needs a sampler with weights of its own (sampler.kind = "

@@ -12,10 +12,19 @@ model's name, pushes the starting weights and sends one probe request: an unreac
 server without the weight-sync endpoints and one that returns no token ids are each one line there.
 Between steps ``sync()`` pushes new weights; ``failure()`` says why the server can sample no more
 (its process exited, it does not answer), so a step whose batch it broke off is never trained on.
+
+Under torchrun, every rank samples its share of the groups from the one server, and only rank 0
+owns it: rank 0 runs ``sampler.command``, pushes each version's weights (every rank holds the
+same ones) and then broadcasts the model name to ask for (a LoRA adapter's name changes per
+version), or why it could not; the other ranks wait for that broadcast in ``start`` and in each
+``sync``, so no rank samples before the weights it should sample are served. Every rank calls
+``sync`` for the same versions in the same order (``off_policy.Batches`` pushes at the same points
+on each): the broadcasts pair up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -29,13 +38,16 @@ import orjson
 from palaestra.clients.base import ModelError
 from palaestra.clients.openai import OpenAIClient
 from palaestra.train.config import ConfigError
+from palaestra.train.distributed import World
 from palaestra.train.rl_config import RLConfig, SamplerConfig
+from palaestra.train.samplers.failures import after_rank_0
 from palaestra.train.samplers.server import ServerProcess
 from palaestra.train.samplers.sync import LoraSync, ReloadSync, SyncError, save_served
 from palaestra.types import Sampling
 
 API_KEY_VAR = "PALAESTRA_API_KEY"  # sent as a bearer token when set (palaestra serve reads the same one)
 PROBE = [{"role": "user", "content": "hi"}]
+Said = tuple[str | None, str | None]  # rank 0's word after a push: (the model name to ask, the problem)
 
 
 class RemoteSampler:
@@ -50,13 +62,17 @@ class RemoteSampler:
         run_dir: Path,
         lora: bool,
         max_concurrent: int,
+        world: World | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.world = world or World()
+        self.owner = self.world.main  # rank 0 starts the server and pushes the weights
         self.url = config.url.rstrip("/")
         root = self.url.removesuffix("/v1")
         self.weights_dir = Path(config.weights_dir) if config.weights_dir else run_dir / "sampler"
         command = config.command.replace("{weights_dir}", str(self.weights_dir))
-        self.server = ServerProcess(command, run_dir / "sampler.log") if config.command else None
+        self.external = not config.command  # a server palaestra does not start
+        self.server = ServerProcess(command, run_dir / "sampler.log") if command and self.owner else None
         self.wanted_model = config.model
         self.startup_timeout = config.startup_timeout
         key = os.environ.get(API_KEY_VAR, "")
@@ -78,8 +94,11 @@ class RemoteSampler:
         self.version = 0
 
     @classmethod
-    def of_run(cls, config: RLConfig, model: Any, tokenizer: Any, run_dir: Path) -> RemoteSampler:
-        """The sampler ``config.sampler`` names, for the run of ``config`` in ``run_dir``."""
+    def of_run(
+        cls, config: RLConfig, model: Any, tokenizer: Any, run_dir: Path, world: World | None = None
+    ) -> RemoteSampler:
+        """The sampler ``config.sampler`` names, for the run of ``config`` in ``run_dir`` (on this
+        rank of ``world``)."""
         return cls(
             config.sampler,
             model=model,
@@ -87,19 +106,36 @@ class RemoteSampler:
             run_dir=run_dir,
             lora=config.lora.enabled,
             max_concurrent=config.train.max_concurrent,
+            world=world,
         )
 
     # -- before the first step -----------------------------------------------------------------
 
     async def check_reachable(self) -> None:
         """``ConfigError`` unless a server that palaestra does not start itself answers at ``url``."""
-        if self.server is None:
+        if self.external:
             await self._served_models()
 
     async def start(self, version: int) -> None:
         """Serve policy ``version`` (the weights the trainer starts from) and check the server
-        gives what training needs; ``ConfigError`` (one line) when it cannot."""
+        gives what training needs; ``ConfigError`` (one line) when it cannot. The other ranks
+        wait for rank 0 to have done it."""
         self.version = version
+        if not self.owner:
+            model, problem = await self._shared(None)
+            if problem is not None or model is None:
+                await asyncio.to_thread(after_rank_0, self.world)
+                raise ConfigError(problem or "")  # rank 0 says it
+            self.client.model = model
+            return
+        try:
+            await self._start(version)
+        except Exception as exc:
+            await self._shared((None, str(exc)))  # the other ranks stop too, without a word
+            raise
+        await self._shared((self.client.model, None))
+
+    async def _start(self, version: int) -> None:
         if self.server is not None:  # a server palaestra starts serves the starting weights at once
             save_served(self.model, self.tokenizer, self.weights_dir, base=self.weights.kind == "lora")
             await self.server.start(self.url, self.startup_timeout)
@@ -166,9 +202,30 @@ class RemoteSampler:
             self.model.eval()
 
     async def sync(self, version: int) -> None:
-        """Push the trained weights to the server as policy ``version``; ``SyncError`` if it refuses."""
-        await self._push(version)
+        """Push the trained weights to the server as policy ``version``; ``SyncError`` if it refuses.
+        The other ranks wait for rank 0's push, then ask for the model it names."""
+        if self.owner:
+            try:
+                await self._push(version)
+            except Exception as exc:
+                await self._shared((None, str(exc)))
+                raise
+            await self._shared((self.client.model, None))
+        else:
+            model, problem = await self._shared(None)
+            if problem is not None or model is None:
+                raise SyncError(problem or "")
+            self.client.model = model
         self.version = version
+
+    async def _shared(self, said: Said | None) -> Said:
+        """Rank 0's (model name, problem) on every rank; one process: ``said`` itself."""
+        if self.world.size == 1:
+            assert said is not None
+            return said
+        shared = await asyncio.to_thread(self.world.broadcast, said)
+        assert shared is not None
+        return shared
 
     async def _push(self, version: int, *, written: bool = False) -> None:
         if isinstance(self.weights, LoraSync):
