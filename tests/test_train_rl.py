@@ -230,6 +230,43 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
     ]
 
 
+def test_a_batch_whose_every_rollout_failed_stops_the_run_in_one_line(
+    capsys: pytest.CaptureFixture[str], config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reward raises on every reply from step 2 on: the run stops there, saying why, and does
+    not go on step after step with "no signal"."""
+    from palaestra.train import rl
+
+    calls = [0]
+
+    def reward(completion: list[dict[str, Any]]) -> float:
+        calls[0] += 1
+        if calls[0] > 8:  # step 1's batch scores; every later reply raises
+            raise RuntimeError("the judge is down")
+        return share_of_a(completion)
+
+    def load(name: str, **kwargs: Any) -> pa.Environment:
+        rows = [
+            {"question": f"say something {i + kwargs.get('seed', 0)}"} for i in range(kwargs["num_examples"])
+        ]
+        if kwargs.get("seed"):  # the held-out set keeps scoring
+            return pa.SingleTurnEnv(dataset=rows, rubric=pa.Rubric([share_of_a]))
+        return pa.SingleTurnEnv(dataset=rows, rubric=pa.Rubric([reward]))
+
+    monkeypatch.setattr(rl, "load_environment", load)
+    code, _, err = run_cli(capsys, "train", "rl", config, "--quiet", "--train.steps", "4")
+    run_dir = tmp_path / "run"
+    errors = [line for line in err.splitlines() if line.startswith("palaestra: error:")]
+    assert code == 1 and len(errors) == 1, err
+    assert errors[0].startswith("palaestra: error: step 2: every one of the batch's 8 rollouts failed")
+    assert "the judge is down" in errors[0]
+    assert errors[0].endswith(f"the last good checkpoint is {run_dir / 'checkpoints' / 'step-000001'}")
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [
+        0,
+        1,
+    ]
+
+
 def test_a_sampler_that_returns_no_token_ids_is_one_clear_error(tiny_model_dir: Path, tmp_path: Path) -> None:
     from palaestra.train import rl
     from palaestra.train.common import TrainingError

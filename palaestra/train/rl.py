@@ -106,7 +106,7 @@ from palaestra.train.policy_update import Diverged, policy_update
 from palaestra.train.rl_config import RLConfig
 from palaestra.train.rl_records import RLProgress, evaluate_sets, sample_metadata, save_run, step_record
 from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
-from palaestra.train.samplers.failures import check_batch, every_rank, sampler_failures
+from palaestra.train.samplers.failures import check_batch, check_not_all_failed, every_rank, sampler_failures
 from palaestra.train.samplers.local import LocalSampler
 from palaestra.train.samplers.ray_rollouts import check_ray, ray_executor
 from palaestra.train.samplers.remote import RemoteSampler
@@ -279,6 +279,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                     await batches.sample_ahead(step)
                 # the whole batch, every rank's groups, in the order one process has them (``collect``)
                 rollouts = sorted(world.gather(batch.rollouts), key=lambda r: (r.example_id, r.rollout_index))
+                check_not_all_failed(rollouts, step + 1, world, last_saved)  # nothing to learn from
                 t_sampled = time.perf_counter()
                 advantages = group_advantages(rollouts, scale=config.loss.advantage_scale)
                 learn = [(r, a) for r, a in zip(advantages.rollouts, advantages.values, strict=True)

@@ -4,7 +4,8 @@ A rollout whose model request failed is skipped, as every failed rollout is, whe
 still there (one bad request). When the sampler itself is gone (its server exited or stops
 answering, the engine gave up after many failures in a row, new weights were refused, every Ray
 rollout worker died with no replacement left), the step's batch is partial: the run stops with
-the reason and what it keeps to resume from.
+the reason and what it keeps to resume from. A batch whose every rollout failed stops the run
+too (``check_not_all_failed``): it has nothing to learn from, and the next would fail alike.
 
 Under torchrun the ranks sample their shares apart, and one may find the server gone while the
 others are still waiting for their requests: ``every_rank`` has them agree before any goes on, so
@@ -84,3 +85,18 @@ def after_rank_0(world: World) -> None:
     if not world.main:
         with contextlib.suppress(TrainingError):
             world.barrier()
+
+
+def check_not_all_failed(rollouts: list[Rollout], step: int, world: World, last_saved: Path | None) -> None:
+    """A batch whose every rollout failed (a prompt past the model's positions, a reward function
+    that raises on every reply) has nothing to learn from, and the next would fail alike: one
+    line, and the run stops. ``rollouts`` is the whole batch, the same on every rank."""
+    if not rollouts or any(r.error is None for r in rollouts):
+        return
+    first = rollouts[0].error
+    assert first is not None
+    after_rank_0(world)
+    raise TrainingError(
+        f"step {step}: every one of the batch's {len(rollouts)} rollouts failed (the first at its "
+        f"{first.stage}: {first.message}); the run stopped before training on it; {kept(last_saved)}"
+    )
