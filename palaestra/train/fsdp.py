@@ -38,25 +38,40 @@ from palaestra.train.distributed import World, _collective, sync_gradients
 
 
 class Shards:
-    """The model sharded with ``fully_shard`` over ``world``'s ranks, gathered whole (``gather``)."""
+    """The model sharded with ``fully_shard`` over ``world``'s ranks: gathered whole (``layers``
+    false), or each decoder layer whole only during its own passes (``layers``; ``sampling``: the
+    layers gathered whole between updates, for RL's local sampler)."""
 
-    def __init__(self, model: Any, world: World, device: Any) -> None:
+    def __init__(
+        self, model: Any, world: World, device: Any, layers: bool = False, sampling: bool = False
+    ) -> None:
         import torch
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        layers = getattr(model.get_decoder(), "layers", None)
-        if not isinstance(layers, torch.nn.ModuleList):
+        decoder_layers = getattr(model.get_decoder(), "layers", None)
+        if not isinstance(decoder_layers, torch.nn.ModuleList):
             raise ConfigError(f"train.fsdp: {type(model).__name__} has no list of decoder layers to shard")
         mesh = init_device_mesh(device.type, (world.size,))
-        for layer in layers:
-            fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+        for layer in decoder_layers:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=layers)
         fully_shard(model, mesh=mesh, reshard_after_forward=False)  # the rest: embeddings, norm, head
-        model.set_requires_gradient_sync(False)  # no reduce-scatter in backward: ``sum_gradients`` sums
-        model.set_reshard_after_backward(False)
-        self.model, self.world = model, world
+        self.model, self.world, self.layers, self.sampling = model, world, layers, sampling
         self.units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        self.layer_units = [m for m in self.units if m is not model]
         self.params = [p for p in model.parameters() if p.requires_grad]  # the shards: the optimizer's
+        # the model the root of every unit, as its own forward (which the trainers bypass) would make it:
+        # else each layer's first forward makes that layer a root of its own, and the root unit's
+        # gradients are never reduced (PyTorch's private hook, for want of a public one)
+        model._get_fsdp_state()._lazy_init()
+        if layers:  # each backward reduce-scatters every unit's gradients: summed, not averaged
+            for unit in self.units:
+                unit.set_gradient_divide_factor(1.0)
+                unit.set_force_sum_reduction_for_comms(True)
+            model.set_reshard_after_backward(False, recurse=False)  # the root stays whole through the passes
+        else:
+            model.set_requires_gradient_sync(False)  # no reduce-scatter in backward: ``sum_gradients`` sums
+            model.set_reshard_after_backward(False)
         self.gather()
 
     def shard_state(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -66,16 +81,47 @@ class Shards:
         return {**state, "optimizer": shard_optimizer_state(state["optimizer"], self.params)}
 
     def gather(self) -> None:
-        """Every unit's full weights on every rank (a no-op for units already whole)."""
+        """The weights as the passes and the sampler read them: every unit whole; in the layer mode
+        the root whole (the trainers call the body and the output layer apart, around its hooks), and
+        the layers whole only with ``sampling``, their hooks then set to keep them so."""
         with _collective():
-            for unit in self.units:
-                unit.unshard()
+            self.model.unshard()  # a no-op for a unit already whole
+            if not self.layers or self.sampling:
+                for unit in self.layer_units:
+                    unit.set_reshard_after_forward(False, recurse=False)  # kept whole by their hooks
+                    unit.unshard()
+
+    def begin(self) -> None:
+        """Before an update's passes: in the layer mode, each layer resharded, gathered by its own
+        hooks for its forward and its backward (every rank must run as many: ``pad``)."""
+        if self.layers and self.sampling:
+            for unit in self.layer_units:
+                unit.set_reshard_after_forward(True, recurse=False)
+                unit.reshard()
+
+    def most(self, passes: int) -> int:
+        """The most forward and backward passes any rank runs (``passes``: this rank's), to be agreed
+        before any runs: in the layer mode every pass gathers every layer, a collective."""
+        return int(self.world.max(passes)) if self.layers else passes
+
+    def pad(self, backbone: Any, head: Any, device: Any, pad_id: int, count: int) -> None:
+        """``count`` zero-weight forward and backward passes (the layer mode's rank with fewer passes
+        than ``most``). The output layer takes part, so every rank reduces the same gradients."""
+        import torch
+
+        for _ in range(count):
+            hidden = backbone(input_ids=torch.full((1, 2), pad_id, device=device), use_cache=False)
+            (head(hidden.last_hidden_state).float().sum() * 0.0).backward()
 
     def sum_gradients(self) -> None:
-        """The full gradients summed over the ranks (one all-reduce), each rank keeping its shards'
-        as the sharded parameters' gradients; the model is resharded for the optimizer step."""
+        """The full gradients summed over the ranks, each rank keeping its shards' as the sharded
+        parameters' gradients; the model is resharded for the optimizer step. In the layer mode each
+        backward has reduce-scattered them (a sum) already: the root is resharded."""
         from torch.distributed.tensor import distribute_tensor
 
+        if self.layers:
+            self.model.reshard()
+            return
         whole = list(self.model.named_parameters())  # the gathered weights, with this rank's gradients
         trained = [(name, p) for name, p in whole if p.requires_grad]
         sync_gradients([p for _, p in trained], self.world)
@@ -134,17 +180,27 @@ def clip_gradients(params: Iterable[Any], max_norm: float) -> float:
     return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
-def shard(model: Any, world: World, device: Any, enabled: bool) -> Shards | None:
+LAYERS = "layers"  # ``train.fsdp = "layers"``: each decoder layer whole only during its own passes
+
+
+def shard(model: Any, world: World, device: Any, mode: bool | str, sampling: bool = False) -> Shards | None:
     """``model`` sharded over the ranks when ``train.fsdp`` asks and there are several (one process
-    has nothing to shard over: FSDP is off there, and its checkpoints are the same)."""
-    return Shards(model, world, device) if enabled and world.size > 1 else None
+    has nothing to shard over: FSDP is off there, and its checkpoints are the same); ``sampling``:
+    a local sampler generates with the model between updates (the layer mode gathers it whole)."""
+    if not mode or world.size == 1:
+        return None
+    return Shards(model, world, device, layers=mode == LAYERS, sampling=sampling)
 
 
-def processes(world: World, enabled: bool) -> str:
+def processes(world: World, mode: bool | str) -> str:
     """The end of a run's description: on how many processes, sharded or not."""
     if world.size == 1:
-        return " (train.fsdp: off in one process, nothing to shard over)" if enabled else ""
-    return f" on {world.size} processes{' (FSDP: optimizer state sharded)' if enabled else ''}"
+        return " (train.fsdp: off in one process, nothing to shard over)" if mode else ""
+    what = {
+        True: " (FSDP: optimizer state sharded)",
+        LAYERS: " (FSDP: weights sharded, gathered layer by layer)",
+    }
+    return f" on {world.size} processes{what.get(mode, '')}"
 
 
 def sum_gradients(params: list[Any], world: World, shards: Shards | None) -> None:

@@ -170,6 +170,7 @@ def policy_update(
             [s.input_ids for s in sequences], [s.mask.index(True) for s in sequences]
         )
     groups = micro_batch_indices(sequences, micro_batch_tokens, start=shared)
+    most = shards.most(len(groups)) if shards is not None else 0  # the layer mode: as many on every rank
     stats = UpdateStats(0.0, 0.0, int(tokens), 0.0, 0.0, 0.0, None)
     # with a correction on: each micro-batch's first-pass logprobs and correction weights
     first: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -177,6 +178,8 @@ def policy_update(
     for pass_index in range(passes):
         sums = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "entropy": 0.0, "kl": 0.0}
         prefix = ref_prefix = None
+        if shards is not None:
+            shards.begin()  # the layer mode: each layer gathered by its own passes from here on
         if shared:  # this pass's weights: computed again each pass
             ids = sequences[0].input_ids[:shared]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -217,7 +220,9 @@ def policy_update(
                            weights_all[group, shared : shared + width].to(device), ref, correction=weigh),
                 loss_config,
             )  # fmt: skip
-            if math.isfinite(out.loss.item()):  # a non-finite one stops the update below, on every rank
+            # a non-finite loss stops the update below, on every rank; the layer mode's every backward
+            # is a collective (its gradients are discarded then)
+            if math.isfinite(out.loss.item()) or (shards is not None and shards.layers):
                 out.loss.backward()
             with torch.no_grad():
                 sums["entropy"] += float(-(logp_all.exp() * logp_all).sum(-1).sum())
@@ -225,6 +230,8 @@ def policy_update(
             for key in ("clipped", "ratio", "kl"):
                 if key in out.metrics:
                     sums[key] += float(out.metrics[key])
+        if shards is not None:
+            shards.pad(backbone, head, device, pad_id, most - len(groups))
         if prefix is not None:
             prefix.backward()  # the gradients the micro-batches sent to the prefix's keys and values
         sums = dict(zip(sums, world.sum(list(sums.values())), strict=True))  # the whole batch's

@@ -190,7 +190,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     if config.train.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     broadcast_parameters(model, world)  # every rank starts from rank 0's weights
-    shards = fsdp.shard(model, world, device, config.train.fsdp)  # gathered whole but for the updates
+    shards = fsdp.shard(model, world, device, config.train.fsdp, sampling=True)  # whole between updates
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampler: Sampler
     executor: RayExecutor | None = None  # None: the groups are rolled out in this process

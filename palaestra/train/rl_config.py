@@ -118,7 +118,7 @@ class RLTrainConfig:
     device: str = "auto"
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"
     gradient_checkpointing: bool = False  # recompute activations in the backward: memory for compute
-    fsdp: bool = False  # several processes: shard weights, gradients, optimizer state (FSDP2)
+    fsdp: bool | Literal["layers"] = False  # shard the optimizer state (FSDP2); "layers": the weights
     share_prefix: bool = True  # run the start all of a step's sequences share (the system prompt) once
     threads: int = 0
 
@@ -298,7 +298,7 @@ class RLConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
     def __post_init__(self) -> None:
-        check_fsdp(self.train.fsdp, self.lora.enabled)
+        check_fsdp(self.train.fsdp, self.lora.enabled, self.train.share_prefix)
         if self.train.fsdp and self.sampler.kind != "local":
             raise ValueError(
                 "train.fsdp works with the local sampler only: the weights a remote sampler is sent are "

@@ -180,14 +180,16 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
                 prefix = (
                     SharedPrefix(backbone, mine[0].input_ids[:shared], device) if shared and mine else None
                 )
-                for micro in micro_batches(
-                    mine, max_tokens=train.micro_batch_tokens, pad_id=pad_id, start=shared
-                ):
+                micros = micro_batches(mine, max_tokens=train.micro_batch_tokens, pad_id=pad_id, start=shared)
+                most = shards.most(len(micros)) if shards else 0  # the layer mode: as many on every rank
+                for micro in micros:
                     cache = prefix.cache_for(micro.rows) if prefix else {}
                     loss = token_loss_sum(backbone, head, micro, device, cache) / trained
                     loss.backward()
                     loss_value += loss.item()
                     padding += micro.padding
+                if shards:
+                    shards.pad(backbone, head, device, pad_id, most - len(micros))
                 if prefix:
                     prefix.backward()
             # every rank's share of the step; each rank with rows ran the shared prefix once

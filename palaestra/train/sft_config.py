@@ -142,7 +142,7 @@ class TrainConfig:
     device: str = "auto"  # "auto": CUDA when present, else CPU
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast on a GPU that has it
     gradient_checkpointing: bool = False  # recompute activations in the backward: memory for compute
-    fsdp: bool = False  # several processes: shard weights, gradients, optimizer state (FSDP2)
+    fsdp: bool | Literal["layers"] = False  # shard the optimizer state (FSDP2); "layers": the weights
     threads: int = 0  # torch CPU threads; 0 keeps torch's default
 
     def __post_init__(self) -> None:
@@ -193,7 +193,7 @@ class SFTConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def __post_init__(self) -> None:
-        check_fsdp(self.train.fsdp, self.lora.enabled)
+        check_fsdp(self.train.fsdp, self.lora.enabled, self.train.share_prefix)
         if self.train.micro_batch_tokens < self.data.max_length:
             raise ValueError(
                 f"train.micro_batch_tokens ({self.train.micro_batch_tokens}) must be at least data.max_length "
@@ -207,8 +207,14 @@ class SFTConfig:
             )
 
 
-def check_fsdp(fsdp: bool, lora: bool) -> None:
-    """``train.fsdp`` shards full fine-tuning: LoRA's optimizer state is the adapter's, small already."""
+def check_fsdp(fsdp: bool | str, lora: bool, share_prefix: bool) -> None:
+    """``train.fsdp`` shards full fine-tuning: LoRA's optimizer state is the adapter's, small already;
+    its layer mode runs no shared prefix (its late backward would reach layers already resharded)."""
+    if fsdp == "layers" and share_prefix:
+        raise ValueError(
+            'train.fsdp = "layers" needs train.share_prefix = false: the shared prefix\'s keys and values '
+            "are backpropagated after the layers they came from were resharded"
+        )
     if fsdp and lora:
         raise ValueError(
             "train.fsdp with lora.enabled is not supported: LoRA's optimizer state is the adapter's, "
