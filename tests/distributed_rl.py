@@ -4,8 +4,8 @@ batch of token sequences (in one process, or on this rank's share), then a short
 ``python -m torch.distributed.run --nproc-per-node 2 THIS MODEL OUT RL_CONFIG`` does both in one
 launch (a launch costs seconds): rank 0 saves each case's weights and figures in ``OUT``, then
 every rank trains the run ``RL_CONFIG`` describes. The test runs the same cases in its own
-process and compares. With ``fsdp`` after RL_CONFIG, the cases of ``FSDP_CASES`` run with the
-model sharded (``palaestra.train.fsdp``) instead.
+process and compares. With ``fsdp`` (or ``layers``) after RL_CONFIG, the cases of ``FSDP_CASES``
+run with the model sharded (``palaestra.train.fsdp``; ``layers``: its layer-by-layer mode) instead.
 """
 
 from __future__ import annotations
@@ -56,10 +56,11 @@ FSDP_CASES = [("cispo", "cispo", 0.0, 7), ("one-rollout", "dapo", 0.0, 1)]
 
 
 def run_case(
-    model_dir: Path, case: tuple[str, str, float, int], world: World, sharded: bool = False
+    model_dir: Path, case: tuple[str, str, float, int], world: World, sharded: bool | str = False
 ) -> tuple[dict[str, Any], Any]:
     """The weights after one update of two passes (several micro-batches each), and its figures;
-    ``sharded``: with the model sharded over the ranks by FSDP (checked: every parameter a shard)."""
+    ``sharded``: with the model sharded over the ranks by FSDP (checked: every parameter a shard),
+    ``"layers"`` in its layer-by-layer mode."""
     from torch.distributed.tensor import DTensor
     from transformers import AutoModelForCausalLM
 
@@ -73,6 +74,7 @@ def run_case(
     shards = shard(model, world, torch.device("cpu"), sharded)
     if sharded:
         assert shards is not None and all(isinstance(p, DTensor) for p in shards.params)
+        assert shards.layers == (sharded == "layers")
     optimizer = torch.optim.AdamW(shards.params if shards else model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     backbone, head = backbone_and_head(model)
@@ -96,7 +98,7 @@ def main() -> None:
     from palaestra.train.rl_config import RLConfig
 
     model_dir, out, rl_config = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-    sharded = sys.argv[4:] == ["fsdp"]
+    sharded: bool | str = {"fsdp": True, "layers": "layers"}.get("".join(sys.argv[4:]), False)
     torch.set_num_threads(1)
     world = world_from_env()
     join(world, torch.device("cpu"))

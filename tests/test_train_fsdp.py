@@ -2,6 +2,8 @@
 takes: SFT end to end through ``palaestra train sft --nproc 2``, the default RL loss (and a batch
 that leaves a rank nothing) on a fixed batch, and an RL run with the local sampler; its checkpoints
 are full state, resumed at 1 process and from a 1-process one; LoRA with it is refused in one line.
+The same for the layer-by-layer mode (``train.fsdp = "layers"``), whose ranks run as many passes
+(a rank with fewer conversations or rollouts pads), and which refuses a shared prefix in one line.
 Tiny models, one thread per process."""
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from palaestra.train.distributed import World  # noqa: E402
 
 HERE = Path(__file__).parent
 SHARDED = "(FSDP: optimizer state sharded)"  # the run line of a sharded run
+LAYERED = "(FSDP: weights sharded, gathered layer by layer)"  # of one in the layer mode
 
 
 @pytest.fixture(autouse=True)
@@ -42,9 +45,11 @@ def one_thread(monkeypatch: pytest.MonkeyPatch) -> Any:
     torch.set_num_threads(before)
 
 
-def rl_config(path: Path, model_dir: Path, run_dir: Path, *, steps: int, fsdp: bool) -> Path:
+def rl_config(path: Path, model_dir: Path, run_dir: Path, *, steps: int, fsdp: bool | str) -> Path:
     """RL on ``length_toy`` (rewards that differ within a group: every step trains), one request at
-    a time (the same rows, so the same floats, at any world size), a checkpoint every step."""
+    a time (the same rows, so the same floats, at any world size), a checkpoint every step; the layer
+    mode without a shared prefix (it refuses one)."""
+    mode = '"layers"\nshare_prefix = false' if fsdp == "layers" else str(fsdp).lower()
     return rl_toml(
         path,
         model_dir,
@@ -55,23 +60,26 @@ def rl_config(path: Path, model_dir: Path, run_dir: Path, *, steps: int, fsdp: b
         batch_size=8,
         rollouts_per_example=4,
         lr=1e-2,
-        train=f"max_concurrent = 1\nfsdp = {str(fsdp).lower()}",
+        train=f"max_concurrent = 1\nfsdp = {mode}",
         eval="",
         output="save_every = 1\nsample_every = 0",
     )
 
 
-@pytest.fixture(scope="module")
-def sharded_ranks(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One torchrun launch of 2 sharded ranks (``distributed_rl.py ... fsdp``): the FSDP cases'
-    updates, then 2 steps of an RL run with ``train.fsdp`` and the local sampler."""
-    out = tmp_path_factory.mktemp("fsdp-ranks")
+@pytest.fixture(scope="module", params=["fsdp", "layers"])
+def sharded_ranks(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Path:
+    """One torchrun launch of 2 sharded ranks (``distributed_rl.py ... fsdp``, or ``layers``): the
+    FSDP cases' updates, then 2 steps of an RL run with ``train.fsdp`` and the local sampler."""
+    out = tmp_path_factory.mktemp(f"{request.param}-ranks")
     site = length_env_site(out)
-    config = rl_config(out / "rl.toml", tiny_model_dir, out / "run", steps=2, fsdp=True)
+    mode = True if request.param == "fsdp" else "layers"
+    config = rl_config(out / "rl.toml", tiny_model_dir, out / "run", steps=2, fsdp=mode)
     pythonpath = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(HERE / "distributed_rl.py"), str(tiny_model_dir), str(out), str(config), "fsdp"],
+         str(HERE / "distributed_rl.py"), str(tiny_model_dir), str(out), str(config), request.param],
         check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}, timeout=300,
     )  # fmt: skip
     return out
@@ -150,6 +158,54 @@ def test_sharded_sft_on_2_processes_takes_the_one_process_step_and_resumes_acros
     assert "train.fsdp: off in one process" in capfd.readouterr().out
     assert_same_weights(weights(split / "final"), weights(run / "final"), atol=1e-4)
     assert metrics(split)[2]["grad_norm"] == pytest.approx(one[2]["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_layered_sft_on_2_processes_pads_the_rank_with_fewer_passes_and_takes_the_one_process_steps(
+    tiny_model_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    config = sft_config(tmp_path, tiny_model_dir)
+    data = tmp_path / "chats.jsonl"  # 5 conversations, 4 a step: step 2 has one, rank 0 none (it pads)
+    data.write_text("".join(line + "\n" for line in data.read_text().splitlines()[:5]))
+    run = tmp_path / "run"  # the one-process run: 4 steps, a checkpoint after each
+    assert main(["train", "sft", str(config), "--train.steps", "4", "--quiet"]) == 0
+    # a copy at step 1 takes steps 2 and 3 layer by layer on 2 processes, from the one-process checkpoint
+    split = tmp_path / "split"
+    shutil.copytree(run, split, symlinks=True)
+    for step in (2, 3, 4):
+        shutil.rmtree(split / "checkpoints" / f"step-00000{step}")
+    layered = ["--train.fsdp", "layers", "--train.share_prefix", "false"]
+    capfd.readouterr()
+    code = main(["train", "sft", "--resume", str(split), "--train.steps", "3", *layered, "--nproc", "2"])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert LAYERED in out  # the ranks did shard, layer by layer
+    one, two = metrics(run), metrics(split)
+    assert [r["step"] for r in two] == [1, 2, 3] and two[1]["trained_tokens"] < two[2]["trained_tokens"]
+    for step in (2, 3):
+        name = f"step-00000{step}"
+        assert_same_weights(weights(split / "checkpoints" / name), weights(run / "checkpoints" / name), 1e-4)
+        for key in ("loss", "grad_norm", "trained_tokens"):  # the ranks' gradients averaged: grad_norm halves
+            assert two[step - 1][key] == pytest.approx(one[step - 1][key], rel=1e-5), (step, key)
+    # its full-state checkpoint goes on in one process
+    assert main(["train", "sft", "--resume", str(split), "--train.steps", "4", "--quiet"]) == 0
+    assert_same_weights(weights(split / "final"), weights(run / "final"), atol=1e-4)
+    assert metrics(split)[3]["grad_norm"] == pytest.approx(one[3]["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.parametrize("trainer", ["sft", "rl"])
+def test_the_layer_mode_with_a_shared_prefix_is_refused_in_one_line_and_writes_nothing(
+    trainer: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if trainer == "sft":
+        config = sft_config(tmp_path, tiny_model_dir)
+    else:
+        config = rl_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", steps=1, fsdp=False)
+    code = main(["train", trainer, str(config), "--train.fsdp", "layers"])  # share_prefix: true by default
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert 'train.fsdp = "layers" needs train.share_prefix = false' in err
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("trainer", ["sft", "rl"])
