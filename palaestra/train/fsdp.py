@@ -1,31 +1,43 @@
 """FSDP2 (``train.fsdp``): the optimizer state, and the weights and gradients it steps on, sharded
-over the ranks; the weights gathered whole for the forward and backward passes (and RL's sampling).
+over the ranks; the weights gathered whole for the passes (``true``), or each decoder layer only
+for its own forward and backward (``"layers"``, the layer mode).
 
 ``fully_shard`` (PyTorch's FSDP2) shards each decoder layer and the root (embeddings, final norm,
 output layer; a tied output layer is the embedding, one parameter) over the ranks: every parameter
 becomes a ``DTensor`` holding 1/N of it, and AdamW's two moments are built on those shards: each
-rank keeps 1/N of the optimizer state (AdamW's 8 bytes a float32 parameter).
+rank keeps 1/N of the optimizer state (AdamW's 8 bytes a float32 parameter). The model is made the
+root of every unit explicitly (the trainers call its body and output layer apart, bypassing the
+forward that would), so the root unit's gradients are reduced with the rest.
 
-The trainers' passes stay those of the data-parallel run (``distributed.py``): the body and the
-output layer called apart, a shared prefix backpropagated after the rows, a different number of
-micro-batches on each rank, and RL's local sampler generating each rank's own groups. A sharded
-forward is a collective every rank must join as often as the others, so FSDP's hooks are made to
-do no collective at all (no resharding after forward or backward, no gradient reduction in
-``backward``) and the whole model is gathered explicitly (``gather``, one all-gather per unit,
-the same on every rank) before the passes run. After the last backward, ``sum_gradients`` sums
-the full gradients over the ranks in one all-reduce (the data-parallel sum, not FSDP's average),
-keeps this rank's shard of each, and reshards; clipping (``clip_gradients``, a norm over the
-shards) and the optimizer step run on the shards; ``gather`` then puts the updated weights back
-whole, for sampling and the next step. N ranks take the one-process step to float rounding.
+``true``: the trainers' passes stay those of the data-parallel run (``distributed.py``): the body
+and the output layer called apart, a shared prefix backpropagated after the rows, a different
+number of micro-batches on each rank, and RL's local sampler generating each rank's own groups.
+FSDP's hooks are made to do no collective (no resharding after forward or backward, no gradient
+reduction in ``backward``) and the whole model is gathered explicitly (``gather``, one all-gather
+per unit, the same on every rank) before the passes. After the last backward, ``sum_gradients``
+sums the full gradients over the ranks in one all-reduce (the data-parallel sum, not FSDP's
+average), keeps this rank's shard of each, and reshards; clipping (``clip_gradients``, a norm over
+the shards) and the optimizer step run on the shards; ``gather`` then puts the updated weights
+back whole. It saves the optimizer state, not the weights' memory.
+
+``"layers"``: FSDP's own hooks gather each layer for its forward, free it after, gather it again
+for its backward and reduce-scatter its gradients into the shards, a *sum* (the divide factor set
+to 1: global-batch normalisation needs the sum, FSDP averages by default). Every pass of a layer
+is then a collective, so every rank must run as many: the ranks agree on the most micro-batches
+first (``most``, one all-reduce) and a rank with fewer runs zero-weight passes (``pad``) that
+reduce the same gradients. The root unit (embeddings, final norm, output layer) stays whole
+through the passes (its hooks never run: the trainers call the body and the head apart); its
+gradients are reduce-scattered by the root's end-of-backward callback after every backward. RL's
+local sampler generates each rank's own groups, a number of forwards of its own: with
+``sampling`` the layers are gathered whole between updates (``gather``: the full weights on every
+rank while it samples) and resharded for the passes (``begin``). A shared prefix's late backward
+reaches layers already resharded, so the layer mode refuses ``share_prefix`` (``sft_config``).
 
 A checkpoint is full state (``full_state``): the whole model and the whole optimizer state, in
 the format of a run without FSDP, so it loads at any world size, with or without FSDP
-(``shard_optimizer_state`` shards a loaded one).
-
-What it costs: the full weights stay on every rank except during the optimizer step, and the
-full gradients during the backward passes; it saves the optimizer state and the gradients the
-optimizer reads, not the weights' memory a layer-by-layer gather would (``docs/scaling.md``).
-With one process there is nothing to shard over: ``shard`` leaves the model as it is.
+(``shard_optimizer_state`` shards a loaded one). N ranks take the one-process step to float
+rounding in both modes. With one process there is nothing to shard over: ``shard`` leaves the
+model as it is. What each mode costs and saves, measured: ``docs/scaling.md``.
 """
 
 from __future__ import annotations
