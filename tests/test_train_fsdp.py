@@ -161,8 +161,9 @@ def test_sharded_sft_on_2_processes_takes_the_one_process_step_and_resumes_acros
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient-checkpointing"])
 def test_layered_sft_on_2_processes_pads_the_rank_with_fewer_passes_and_takes_the_one_process_steps(
-    tiny_model_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    checkpointing: bool, tiny_model_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     config = sft_config(tmp_path, tiny_model_dir)
     data = tmp_path / "chats.jsonl"  # 5 conversations, 4 a step: step 2 has one, rank 0 none (it pads)
@@ -175,6 +176,7 @@ def test_layered_sft_on_2_processes_pads_the_rank_with_fewer_passes_and_takes_th
     for step in (2, 3, 4):
         shutil.rmtree(split / "checkpoints" / f"step-00000{step}")
     layered = ["--train.fsdp", "layers", "--train.share_prefix", "false"]
+    layered += ["--train.gradient_checkpointing", "true"] if checkpointing else []  # layers recomputed
     capfd.readouterr()
     code = main(["train", "sft", "--resume", str(split), "--train.steps", "3", *layered, "--nproc", "2"])
     out, err = capfd.readouterr()

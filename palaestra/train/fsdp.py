@@ -32,6 +32,7 @@ local sampler generates each rank's own groups, a number of forwards of its own:
 ``sampling`` the layers are gathered whole between updates (``gather``: the full weights on every
 rank while it samples) and resharded for the passes (``begin``). A shared prefix's late backward
 reaches layers already resharded, so the layer mode refuses ``share_prefix`` (``sft_config``).
+Gradient checkpointing recomputes a layer inside the gather its backward made (tested in SFT).
 
 A checkpoint is full state (``full_state``): the whole model and the whole optimizer state, in
 the format of a run without FSDP, so it loads at any world size, with or without FSDP
