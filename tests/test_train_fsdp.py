@@ -47,8 +47,8 @@ def one_thread(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def rl_config(path: Path, model_dir: Path, run_dir: Path, *, steps: int, fsdp: bool | str) -> Path:
     """RL on ``length_toy`` (rewards that differ within a group: every step trains), one request at
-    a time (the same rows, so the same floats, at any world size), a checkpoint every step; the layer
-    mode without a shared prefix (it refuses one)."""
+    a time (the same rows, so the same floats, at any world size), a checkpoint every step, held-out
+    games at the start and the end; the layer mode without a shared prefix (it refuses one)."""
     mode = '"layers"\nshare_prefix = false' if fsdp == "layers" else str(fsdp).lower()
     return rl_toml(
         path,
@@ -61,7 +61,7 @@ def rl_config(path: Path, model_dir: Path, run_dir: Path, *, steps: int, fsdp: b
         rollouts_per_example=4,
         lr=1e-2,
         train=f"max_concurrent = 1\nfsdp = {mode}",
-        eval="",
+        eval='num_examples = 2\nsets = [{name = "held", args = {}}]',  # rank 0 plays them alone
         output="save_every = 1\nsample_every = 0",
     )
 
@@ -108,8 +108,10 @@ def test_a_sharded_rl_run_samples_locally_takes_the_one_process_steps_and_resume
                  "--quiet"]) == 0  # fmt: skip
     run = sharded_ranks / "run"
     one, two = metrics(alone), metrics(run)
-    assert [r["step"] for r in two] == [1, 2]  # rank 0 alone wrote the log
-    for mine, theirs in zip(two, one, strict=False):
+    assert [r["step"] for r in two] == [0, 1, 2]  # rank 0 alone wrote the log; step 0: held-out games
+    held = "eval/held/reward"  # played by rank 0 alone, the other rank waiting: no collective among them
+    assert two[0][held] == pytest.approx(one[0][held]) and two[2][held] >= 0
+    for mine, theirs in zip(two[1:], one[1:], strict=False):
         assert mine["zero_groups"] < mine["groups"]  # a step that trained
         for key in ("reward", "loss", "grad_norm", "trained_tokens"):  # the loss sums terms of both signs
             assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), key
@@ -119,7 +121,8 @@ def test_a_sharded_rl_run_samples_locally_takes_the_one_process_steps_and_resume
     # its full-state checkpoint (weights and AdamW's moments) goes on in one process, to step 3
     assert main(["train", "rl", "--resume", str(run), "--train.steps", "3", "--quiet"]) == 0
     assert_same_weights(weights(run / "final"), weights(alone / "final"), atol=1e-4)
-    assert metrics(run)[2]["grad_norm"] == pytest.approx(metrics(alone)[2]["grad_norm"], rel=1e-5)
+    assert metrics(run)[3]["grad_norm"] == pytest.approx(metrics(alone)[3]["grad_norm"], rel=1e-5)
+    assert metrics(run)[3][held] == pytest.approx(metrics(alone)[3][held])  # the final weights' games
 
 
 @pytest.mark.slow
