@@ -228,10 +228,11 @@ def test_lora_with_fsdp_is_refused_in_one_line_and_writes_nothing(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("mode", [True, "layers"])
 def test_fsdp_with_a_remote_sampler_is_refused_in_one_line_and_writes_nothing(
-    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    mode: bool | str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = rl_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", steps=1, fsdp=True)
+    config = rl_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", steps=1, fsdp=mode)
     remote = [
         "--sampler.kind",
         "vllm",
