@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from palaestra.cli import main
+from palaestra.testing.train_smoke import REVERSE_TEXT_ARGS
 from palaestra.testing.train_smoke import rl_toml as tiny_rl_toml
 from palaestra.train.config import ConfigError, load_config
 from palaestra.train.rl_config import RLConfig
@@ -65,7 +66,7 @@ def rl_toml(tmp_path: Path, model: str) -> Path:
         None,
         tmp_path / "run",
         "reverse_text",
-        "{num_examples = 4}",
+        REVERSE_TEXT_ARGS,
         model_table=model,
         max_tokens=8,
         steps=1,

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from palaestra.cli import main
+from palaestra.testing.train_smoke import REVERSE_TEXT_ARGS
 from palaestra.testing.train_smoke import rl_toml as tiny_rl_toml
 from palaestra.testing.train_smoke import sft_toml as tiny_sft_toml
 from palaestra.train import checkpoint as ckpt
@@ -57,7 +58,7 @@ def rl_toml(tmp_path: Path, model: Path, out: str = "run") -> Path:
         model,
         tmp_path / out,
         "reverse_text",
-        "{num_examples = 4}",
+        REVERSE_TEXT_ARGS,
         max_tokens=8,
         steps=3,
         eval="",
