@@ -198,33 +198,34 @@ def test_layered_sft_on_2_processes_pads_the_rank_with_fewer_passes_and_takes_th
     assert metrics(split)[3]["grad_norm"] == pytest.approx(one[3]["grad_norm"], rel=1e-5)
 
 
+REFUSED = {
+    "layers with a shared prefix": (
+        ["--train.fsdp", "layers"],
+        'train.fsdp = "layers" needs train.share_prefix = false',
+    ),
+    "lora": (
+        ["--train.fsdp", "true", "--lora.enabled", "true"],
+        "train.fsdp with lora.enabled is not supported",
+    ),
+}
+
+
+@pytest.mark.parametrize("refused", list(REFUSED))
 @pytest.mark.parametrize("trainer", ["sft", "rl"])
-def test_the_layer_mode_with_a_shared_prefix_is_refused_in_one_line_and_writes_nothing(
-    trainer: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_what_fsdp_refuses_is_one_line_and_writes_nothing(
+    trainer: str, refused: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The layer mode with a shared prefix (on by default: its late backward reaches resharded
+    layers), and LoRA with either mode."""
+    args, message = REFUSED[refused]
     if trainer == "sft":
         config = sft_config(tmp_path, tiny_model_dir)
     else:
         config = rl_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", steps=1, fsdp=False)
-    code = main(["train", trainer, str(config), "--train.fsdp", "layers"])  # share_prefix: true by default
+    code = main(["train", trainer, str(config), *args])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
-    assert 'train.fsdp = "layers" needs train.share_prefix = false' in err
-    assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.parametrize("trainer", ["sft", "rl"])
-def test_lora_with_fsdp_is_refused_in_one_line_and_writes_nothing(
-    trainer: str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    if trainer == "sft":
-        config = sft_config(tmp_path, tiny_model_dir)
-    else:
-        config = rl_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", steps=1, fsdp=False)
-    code = main(["train", trainer, str(config), "--train.fsdp", "true", "--lora.enabled", "true"])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1, err
-    assert "train.fsdp with lora.enabled is not supported" in err
+    assert message in err
     assert not (tmp_path / "run").exists()
 
 
