@@ -191,14 +191,20 @@ def test_each_rl_loss_at_2_processes_takes_the_one_process_update(
     tiny_model_dir: Path, two_ranks: Path
 ) -> None:
     for case in CASES:
-        alone, stats = run_case(tiny_model_dir, case, World())
-        assert_same_weights(torch.load(two_ranks / f"{case[0]}.pt"), alone, atol=1e-5)  # lr 1e-3
-        two = json.loads((two_ranks / f"{case[0]}.json").read_text())
-        assert two["trained_tokens"] == stats.trained_tokens
-        for key in ("loss", "grad_norm", "entropy", "ratio_mean", "clipped_fraction"):
-            assert two[key] == pytest.approx(getattr(stats, key), rel=1e-5, abs=1e-7), (case[0], key)
-        if case[2]:
-            assert two["kl"] == pytest.approx(stats.kl, rel=1e-5, abs=1e-9)
+        assert_ranks_took_the_one_process_update(tiny_model_dir, two_ranks, case)
+
+
+def assert_ranks_took_the_one_process_update(model_dir: Path, ranks_dir: Path, case: Any) -> None:
+    """The update of ``case`` (``distributed_rl.py``'s) that the ranks saved in ``ranks_dir`` is the
+    one process's: the weights to 1e-5 (lr 1e-3), the token count exactly, the statistics to rel 1e-5."""
+    alone, stats = run_case(model_dir, case, World())
+    assert_same_weights(torch.load(ranks_dir / f"{case[0]}.pt"), alone, atol=1e-5)
+    two = json.loads((ranks_dir / f"{case[0]}.json").read_text())
+    assert two["trained_tokens"] == stats.trained_tokens
+    for key in ("loss", "grad_norm", "entropy", "ratio_mean", "clipped_fraction"):
+        assert two[key] == pytest.approx(getattr(stats, key), rel=1e-5, abs=1e-7), (case[0], key)
+    if case[2]:
+        assert two["kl"] == pytest.approx(stats.kl, rel=1e-5, abs=1e-9)
 
 
 @pytest.mark.slow

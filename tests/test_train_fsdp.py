@@ -24,11 +24,15 @@ from palaestra.testing.train_smoke import rl_toml
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from distributed_rl import FSDP_CASES, run_case  # noqa: E402 - after the skips: it imports torch
-from test_train_distributed import assert_same_weights, metrics, sft_config, weights  # noqa: E402
+from distributed_rl import FSDP_CASES  # noqa: E402 - after the skips: it imports torch
+from test_train_distributed import (  # noqa: E402
+    assert_ranks_took_the_one_process_update,
+    assert_same_weights,
+    metrics,
+    sft_config,
+    weights,
+)
 from test_train_rl import length_env_site  # noqa: E402
-
-from palaestra.train.distributed import World  # noqa: E402
 
 HERE = Path(__file__).parent
 SHARDED = "(FSDP: optimizer state sharded)"  # the run line of a sharded run
@@ -90,12 +94,7 @@ def test_the_default_rl_loss_sharded_on_2_processes_takes_the_one_process_update
     tiny_model_dir: Path, sharded_ranks: Path
 ) -> None:
     for case in FSDP_CASES:
-        alone, stats = run_case(tiny_model_dir, case, World())
-        assert_same_weights(torch.load(sharded_ranks / f"{case[0]}.pt"), alone, atol=1e-5)  # lr 1e-3
-        two = json.loads((sharded_ranks / f"{case[0]}.json").read_text())
-        assert two["trained_tokens"] == stats.trained_tokens
-        for key in ("loss", "grad_norm", "entropy", "ratio_mean", "clipped_fraction"):
-            assert two[key] == pytest.approx(getattr(stats, key), rel=1e-5, abs=1e-7), (case[0], key)
+        assert_ranks_took_the_one_process_update(tiny_model_dir, sharded_ranks, case)
 
 
 @pytest.mark.slow
