@@ -40,6 +40,7 @@ class TinyConfig:
     tie_embeddings: bool = False
     seed: int = 0
     split_digits: bool = False  # True: every digit its own token, wherever it stands (see train_tokenizer)
+    attention_window: int | None = None  # each token sees only the last N (a Mistral); None: all (a Llama)
 
 
 def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 400, split_digits: bool = False) -> Any:
@@ -78,14 +79,21 @@ def build_tiny_model(
 ) -> tuple[Any, Any]:
     """A randomly initialised Llama of ``config``'s size and a tokenizer trained on ``texts``.
 
-    Deterministic for the same texts and config. With ``path`` both are also saved there as a
+    With ``config.attention_window`` it is a Mistral instead, the same decoder whose attention is
+    limited to the last ``attention_window`` tokens (sliding-window attention): for a task whose
+    last message holds everything a reply needs, such as a game that shows the board every turn, a
+    small model then never has to learn to look past the long history. Deterministic for the same texts and config. With ``path`` both are also saved there as a
     model directory that ``LocalClient`` and ``from_pretrained`` load.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
+    if config.attention_window is not None and config.attention_window < 1:
+        raise ValueError(f"attention_window must be a positive number of tokens, got {config.attention_window}")
     tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size, split_digits=config.split_digits)
-    llama = LlamaConfig(
+    window = {} if config.attention_window is None else {"sliding_window": config.attention_window}
+    kind, model_class = (LlamaConfig, LlamaForCausalLM) if not window else (MistralConfig, MistralForCausalLM)
+    architecture = kind(
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
         num_hidden_layers=config.num_layers,
@@ -98,10 +106,12 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
         tie_word_embeddings=config.tie_embeddings,
+        head_dim=config.hidden_size // config.num_heads,
+        **window,
     )
     with torch.random.fork_rng(devices=[]):  # the global RNG of the caller is left as it was
         torch.manual_seed(config.seed)
-        model = LlamaForCausalLM(llama)
+        model = model_class(architecture)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     if path is not None:

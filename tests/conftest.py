@@ -34,6 +34,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def sliding_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_model_dir``'s model with sliding-window attention over the last 8 tokens (a Mistral):
+    far shorter than any chat prompt, so every cache and mask path meets the window."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from palaestra.tiny_model import TinyConfig, build_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny-sliding")
+    build_tiny_model(tiny_sentences(), TinyConfig(attention_window=8), path=path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_tictactoe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Llama whose tokenizer was trained on tic-tac-toe games, with room for a whole game."""
     pytest.importorskip("torch")

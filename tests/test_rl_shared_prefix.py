@@ -66,10 +66,15 @@ def update(model: Any, reference: Any, share: bool) -> tuple[Any, dict]:
     return stats, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.parametrize("model_dir", ["tiny_model_dir", "sliding_model_dir"])
 def test_the_shared_prefix_update_is_the_full_one(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    model_dir: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
+    """Also with sliding-window attention over 8 tokens, shorter than the 24-token prefix: the
+    continuation's mask must still start the window inside the shared prefix's cache."""
     from transformers import AutoModelForCausalLM
+
+    tiny_model_dir = request.getfixturevalue(model_dir)
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     reference = copy.deepcopy(base).eval()

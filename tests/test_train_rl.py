@@ -304,13 +304,20 @@ def test_a_sampler_that_returns_no_token_ids_is_one_clear_error(tiny_model_dir: 
     assert "step 1: a rollout to train on needs each turn's prompt ids" in str(caught.value)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize(
+    ("model_dir", "temperature"),
+    [("tiny_model_dir", 1.0), ("tiny_model_dir", 0.6), ("sliding_model_dir", 1.0)],
+)
 async def test_the_trainer_scores_sampled_tokens_as_the_sampler_did(
-    tiny_model_dir: Path, temperature: float
+    model_dir: str, temperature: float, request: pytest.FixtureRequest
 ) -> None:
     """Unchanged weights: the trainer's logprobs of the sampled tokens equal the sampler's, at any
-    temperature, so the loss's ratio is 1 and its correction only acts on real drift."""
+    temperature, so the loss's ratio is 1 and its correction only acts on real drift; also with
+    sliding-window attention, which the sampler's cached batch and the trainer's one pass must
+    both apply."""
     import torch
+
+    tiny_model_dir = request.getfixturevalue(model_dir)
 
     from palaestra.clients.local import LocalClient
     from palaestra.train.model import backbone_and_head

@@ -160,3 +160,23 @@ def test_split_digits_makes_a_cell_number_one_token_wherever_it_stands(split_dig
         assert sevens == {"7"}
     else:  # byte-level BPE: " 7" and "7" are unrelated tokens
         assert len(sevens) > 1
+
+
+def test_an_attention_window_makes_a_mistral_that_sees_only_the_last_tokens() -> None:
+    """The same weights as the Llama of the same sizes; logits agree inside the window, not past it."""
+    import torch
+
+    from palaestra.tiny_model import TinyConfig, build_tiny_model
+
+    texts = [m["content"] for r in teacher_games(4, seed=2) for m in r.messages]
+    full, _ = build_tiny_model(texts, TinyConfig(vocab_size=400))
+    windowed, _ = build_tiny_model(texts, TinyConfig(vocab_size=400, attention_window=8))
+    assert type(windowed).__name__ == "MistralForCausalLM" and windowed.config.sliding_window == 8
+    assert all(torch.equal(full.state_dict()[k], v) for k, v in windowed.state_dict().items())
+    ids = torch.randint(3, 390, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = full(ids).logits[0], windowed(ids).logits[0]
+    assert torch.allclose(a[:8], b[:8], atol=1e-5)
+    assert not torch.allclose(a[8:], b[8:], atol=1e-2)
+    with pytest.raises(ValueError, match="attention_window must be a positive number of tokens, got 0"):
+        build_tiny_model(texts, TinyConfig(vocab_size=400, attention_window=0))

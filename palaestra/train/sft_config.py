@@ -26,7 +26,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TinyModelConfig:
-    """A randomly initialised Llama with a tokenizer trained on the dataset's own text."""
+    """A randomly initialised Llama with a tokenizer trained on the dataset's own text (a Mistral,
+    the same decoder with sliding-window attention, when ``attention_window`` is set)."""
 
     vocab_size: int = 1000
     hidden_size: int = 128
@@ -39,6 +40,7 @@ class TinyModelConfig:
     tie_embeddings: bool = True
     seed: int = 0
     split_digits: bool = False  # True: each digit its own token (palaestra.tiny_model.train_tokenizer)
+    attention_window: int | None = None  # sliding-window attention over the last N tokens (a Mistral)
 
     def __post_init__(self) -> None:
         for name in (
@@ -51,6 +53,8 @@ class TinyModelConfig:
         ):
             _in_range(name, getattr(self, name), 1, 2**20)
         _in_range("max_positions", self.max_positions, 1, 2**20)
+        if self.attention_window is not None:
+            _in_range("attention_window", self.attention_window, 1, self.max_positions)
         if not 0 < self.initializer_range <= 1:
             raise ValueError(f"initializer_range must be in (0, 1], got {self.initializer_range}")
         _in_range("seed", self.seed, 0, SEED_LIMIT - 1)
