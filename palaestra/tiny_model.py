@@ -89,7 +89,9 @@ def build_tiny_model(
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     if config.attention_window is not None and config.attention_window < 1:
-        raise ValueError(f"attention_window must be a positive number of tokens, got {config.attention_window}")
+        raise ValueError(
+            f"attention_window must be a positive number of tokens, got {config.attention_window}"
+        )
     tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size, split_digits=config.split_digits)
     window = {} if config.attention_window is None else {"sliding_window": config.attention_window}
     kind, model_class = (LlamaConfig, LlamaForCausalLM) if not window else (MistralConfig, MistralForCausalLM)

@@ -180,7 +180,9 @@ async def run_tictactoe(client: LocalClient) -> list[pa.Rollout]:
 async def test_tictactoe_rollouts_are_the_same_with_prefix_reuse_on_and_off(
     model_dir: str, request: pytest.FixtureRequest
 ) -> None:
-    model = load(request.getfixturevalue(model_dir), context=4096)  # the tiny tokenizer makes the rules ~700 tokens
+    model = load(
+        request.getfixturevalue(model_dir), context=4096
+    )  # the tiny tokenizer makes the rules ~700 tokens
     on, off = client_of(model), client_of(model, prefix_cache_bytes=0)
     with_reuse, without = await run_tictactoe(on), await run_tictactoe(off)
     assert len(with_reuse) == 16 and all(r.error is None for r in with_reuse)

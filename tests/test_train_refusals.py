@@ -159,7 +159,11 @@ def test_every_integer_must_fit_in_64_bits(tmp_path: Path, cls: type, key: str) 
         (SFTConfig, {"model.tiny.seed": str(2**63 - 1)}, None),  # the largest seed is fine
         (SFTConfig, {"model.tiny.initializer_range": "-1"}, "initializer_range must be in (0, 1]"),
         (SFTConfig, {"model.tiny.max_positions": "0"}, "max_positions must be between 1 and"),
-        (SFTConfig, {"model.tiny.attention_window": "0"}, "attention_window must be between 1 and 256, got 0"),
+        (
+            SFTConfig,
+            {"model.tiny.attention_window": "0"},
+            "attention_window must be between 1 and 256, got 0",
+        ),
         (SFTConfig, {"model.tiny.vocab_size": "10000000000"}, "model.tiny: vocab_size must be between 1 and"),
         (SFTConfig, {"model.tiny.hidden_size": "65536"}, "more than a tiny model's 1,000,000,000"),
         (SFTConfig, {"model.tiny.max_positions": "128"}, "model.tiny.max_positions (128) must be at least"),
