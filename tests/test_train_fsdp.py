@@ -4,10 +4,12 @@ that leaves a rank nothing) on a fixed batch, and an RL run with the local sampl
 are full state, resumed at 1 process and from a 1-process one; LoRA with it is refused in one line.
 The same for the layer-by-layer mode (``train.fsdp = "layers"``), whose ranks run as many passes
 (a rank with fewer conversations or rollouts pads), and which refuses a shared prefix in one line.
-Tiny models, one thread per process."""
+In both modes an RL run with a remote sampler (``palaestra serve``) sends it the whole weights at
+every sync. Tiny models, one thread per process."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -33,6 +35,7 @@ from test_train_distributed import (  # noqa: E402
     weights,
 )
 from test_train_rl import length_env_site  # noqa: E402
+from test_train_rl_remote import PROMPT, SEEDED, free_port, model_logprobs, serve_command  # noqa: E402
 
 HERE = Path(__file__).parent
 SHARDED = "(FSDP: optimizer state sharded)"  # the run line of a sharded run
@@ -228,21 +231,81 @@ def test_what_fsdp_refuses_is_one_line_and_writes_nothing(
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("mode", [True, "layers"])
-def test_fsdp_with_a_remote_sampler_is_refused_in_one_line_and_writes_nothing(
-    mode: bool | str, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def remote_sampler(url: str, weights_dir: Path) -> list[str]:
+    """The overrides of a remote sampler at ``url`` that palaestra does not start, serving ``weights_dir``."""
+    return ["--sampler.kind", "vllm", "--sampler.url", url, "--sampler.weights_dir", str(weights_dir)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [True, "layers"], ids=["fsdp-tied", "layers"])
+async def test_a_sharded_run_sends_a_remote_sampler_the_whole_weights_at_every_sync(
+    mode: bool | str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    config = rl_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", steps=1, fsdp=mode)
-    remote = [
-        "--sampler.kind",
-        "vllm",
-        "--sampler.url",
-        "http://127.0.0.1:9/v1",
-        "--sampler.weights_dir",
-        str(tmp_path / "w"),
-    ]
-    code = main(["train", "rl", str(config), *remote])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1, err
-    assert "train.fsdp works with the local sampler only" in err
+    """2 sharded ranks sampling from one ``palaestra serve`` the run does not start (it is still up
+    after the run): every step samples the weights the trainer has (no mismatch), and at the end
+    the folder it serves holds the final checkpoint's weights and its logprobs of a seeded reply
+    are the final model's, not the starting one's. ``true`` on a model whose output layer is tied
+    (written untied, from the gathered weights), the layer mode on an untied one."""
+    from conftest import tiny_sentences
+    from transformers import AutoModelForCausalLM
+
+    from palaestra.clients.openai import OpenAIClient
+    from palaestra.tiny_model import TinyConfig, build_tiny_model
+    from palaestra.train.samplers.server import ServerProcess
+
+    start = tiny_model_dir
+    if mode is True:
+        start = tmp_path / "tied"
+        build_tiny_model(tiny_sentences(), TinyConfig(tie_embeddings=True), path=start)
+    served, run = tmp_path / "served", tmp_path / "run"
+    shutil.copytree(start, served)  # the folder the server serves: the run overwrites its weights
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    server = ServerProcess(serve_command(port).replace("{weights_dir}", str(served)), tmp_path / "serve.log")
+    await server.start(url, timeout=120)
+    try:
+        config = rl_config(tmp_path / "rl.toml", start, run, steps=2, fsdp=mode)
+        site = length_env_site(tmp_path)
+        pythonpath = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+        argv = ["train", "rl", str(config), *remote_sampler(url, served), "--nproc", "2", "--quiet"]
+        environ = {**os.environ, "PYTHONPATH": pythonpath}
+        command = [sys.executable, "-m", "palaestra", *argv]
+        done = await asyncio.to_thread(
+            subprocess.run, command, capture_output=True, text=True, env=environ, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        assert (SHARDED if mode is True else LAYERED) in done.stdout and "sampler vllm" in done.stdout
+        steps = metrics(run)[1:]
+        assert [r["step"] for r in steps] == [1, 2] and all(r["zero_groups"] < r["groups"] for r in steps)
+        for record in steps:  # sampled by the weights pushed before the step: the trainer's, to float noise
+            assert abs(record["mismatch/log_ratio_max"]) < 1e-4, record
+        final, pushed = weights(run / "final"), weights(served)  # the last push: before the final games
+        assert final.keys() <= pushed.keys() and all(torch.equal(pushed[k], final[k]) for k in final)
+        if mode is True:  # written untied: the output layer a weight of its own, the embedding's values
+            assert json.loads((served / "config.json").read_text())["tie_word_embeddings"] is False
+            assert torch.equal(pushed["lm_head.weight"], pushed["model.embed_tokens.weight"])
+        client = OpenAIClient(str(served), base_url=url, extra_body={"return_token_ids": True})
+        try:
+            reply = await client.chat(PROMPT, sampling=SEEDED)
+        finally:
+            await client.aclose()
+    finally:
+        await server.stop()
+    theirs = torch.tensor(reply.logprobs)
+    trained = AutoModelForCausalLM.from_pretrained(run / "final", dtype=torch.float32).eval()
+    first = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).eval()
+    assert torch.allclose(model_logprobs(trained, reply), theirs, atol=1e-4)
+    assert not torch.allclose(model_logprobs(first, reply), theirs, atol=1e-3)  # the run moved them
+
+
+def test_fsdp_with_a_remote_sampler_is_not_refused_an_unreachable_server_is_one_line(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(length_env_site(tmp_path)))  # length_toy, in this process
+    config = rl_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", steps=1, fsdp=True)
+    code = main(["train", "rl", str(config), *remote_sampler("http://127.0.0.1:9/v1", tmp_path / "w")])
+    err = capsys.readouterr().err  # the server is reached after the model loads: its bar comes first
+    errors = [line for line in err.splitlines() if line.startswith("palaestra: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "sampler.url: cannot reach the sampler server at http://127.0.0.1:9/v1" in errors[0]
     assert not (tmp_path / "run").exists() and not (tmp_path / "w").exists()

@@ -179,6 +179,27 @@ async def test_real_vllm_serves_the_trainers_logprobs_after_each_sync(tmp_path: 
     )
 
 
+PROMPT = [{"role": "user", "content": "the dog ran"}]
+SEEDED = pa.Sampling(temperature=0.8, max_tokens=8, seed=3, logprobs=True)  # the reply of the checks
+
+
+def model_logprobs(model: Any, reply: pa.ModelResponse) -> torch.Tensor:
+    """The trainer's logprobs of ``reply``'s sampled tokens under ``model``, at ``SEEDED``'s
+    temperature, as a policy update computes them."""
+    from palaestra.train.model import backbone_and_head
+    from palaestra.train.policy_update import sampled_logprobs
+
+    assert reply.prompt_token_ids is not None and reply.token_ids is not None
+    ids = torch.tensor([reply.prompt_token_ids + reply.token_ids])
+    mask = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool)
+    mask[0, len(reply.prompt_token_ids) - 1 :] = True
+    with torch.no_grad():
+        chosen, _ = sampled_logprobs(
+            *backbone_and_head(model), ids, torch.ones_like(ids), mask, SEEDED.temperature
+        )
+    return chosen
+
+
 async def logprobs_follow_the_sync(
     model_dir: Path, port: int, command: str, tmp_path: Path, *, lora: bool, atol: float
 ) -> None:
@@ -187,7 +208,7 @@ async def logprobs_follow_the_sync(
     ``atol``), and after ``sync`` they agree again, with a fresh adapter name per LoRA version."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from palaestra.train.model import add_lora, backbone_and_head
+    from palaestra.train.model import add_lora
     from palaestra.train.rl_config import SamplerConfig
     from palaestra.train.samplers.remote import RemoteSampler
     from palaestra.train.sft_config import LoraConfig
@@ -202,30 +223,19 @@ async def logprobs_follow_the_sync(
         config, model=model, tokenizer=tokenizer, run_dir=tmp_path, lora=lora, max_concurrent=4
     )
 
-    def trainer_logprobs(reply: pa.ModelResponse) -> torch.Tensor:
-        from palaestra.train.policy_update import sampled_logprobs
-
-        assert reply.prompt_token_ids is not None and reply.token_ids is not None
-        ids = torch.tensor([reply.prompt_token_ids + reply.token_ids])
-        mask = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool)
-        mask[0, len(reply.prompt_token_ids) - 1 :] = True
-        with torch.no_grad():
-            chosen, _ = sampled_logprobs(*backbone_and_head(model), ids, torch.ones_like(ids), mask, 0.8)
-        return chosen
-
-    sampling = pa.Sampling(temperature=0.8, max_tokens=8, seed=3, logprobs=True)
-    prompt = [{"role": "user", "content": "the dog ran"}]
     try:
         await sampler.start(0)
-        before = await sampler.client.chat(prompt, sampling=sampling)
-        assert torch.allclose(trainer_logprobs(before), torch.tensor(before.logprobs), atol=atol)
+        before = await sampler.client.chat(PROMPT, sampling=SEEDED)
+        assert torch.allclose(model_logprobs(model, before), torch.tensor(before.logprobs), atol=atol)
         with torch.no_grad():  # an update: every trainable weight moves
             for param in (p for p in model.parameters() if p.requires_grad):
                 param.add_(torch.randn_like(param) * 0.05)
-        assert not torch.allclose(trainer_logprobs(before), torch.tensor(before.logprobs), atol=10 * atol)
+        assert not torch.allclose(
+            model_logprobs(model, before), torch.tensor(before.logprobs), atol=10 * atol
+        )
         await sampler.sync(1)
-        after = await sampler.client.chat(prompt, sampling=sampling)
-        assert torch.allclose(trainer_logprobs(after), torch.tensor(after.logprobs), atol=atol)
+        after = await sampler.client.chat(PROMPT, sampling=SEEDED)
+        assert torch.allclose(model_logprobs(model, after), torch.tensor(after.logprobs), atol=atol)
         if lora:  # a fresh adapter name per version, the one before unloaded
             assert sampler.client.model.endswith("-v1")
             assert sorted(p.name for p in (tmp_path / "sampler").glob("adapter-v*")) == ["adapter-v1"]

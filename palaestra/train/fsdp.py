@@ -30,15 +30,18 @@ through the passes (its hooks never run: the trainers call the body and the head
 gradients are reduce-scattered by the root's end-of-backward callback after every backward. RL's
 local sampler generates each rank's own groups, a number of forwards of its own: with
 ``sampling`` the layers are gathered whole between updates (``gather``: the full weights on every
-rank while it samples) and resharded for the passes (``begin``). A shared prefix's late backward
-reaches layers already resharded, so the layer mode refuses ``share_prefix`` (``sft_config``).
+rank while it samples) and resharded for the passes (``begin``); with a remote sampler they stay
+sharded between updates too. A shared prefix's late backward reaches layers already resharded, so
+the layer mode refuses ``share_prefix`` (``sft_config``).
 Gradient checkpointing recomputes a layer inside the gather its backward made (tested in SFT).
 
 A checkpoint is full state (``full_state``): the whole model and the whole optimizer state, in
 the format of a run without FSDP, so it loads at any world size, with or without FSDP
-(``shard_optimizer_state`` shards a loaded one). N ranks take the one-process step to float
-rounding in both modes. With one process there is nothing to shard over: ``shard`` leaves the
-model as it is. What each mode costs and saves, measured: ``docs/scaling.md``.
+(``shard_optimizer_state`` shards a loaded one). A remote sampler is sent the same whole weights
+at each push (``full_weights``: every rank takes part in the gather, rank 0 writes them). N ranks
+take the one-process step to float rounding in both modes. With one process there is nothing to
+shard over: ``shard`` leaves the model as it is. What each mode costs and saves, measured:
+``docs/scaling.md``.
 """
 
 from __future__ import annotations
@@ -147,21 +150,31 @@ class Shards:
             if name in summed:
                 p.grad = distribute_tensor(summed.pop(name), p.device_mesh, p.placements, src_data_rank=None)
 
-    def full_state(self, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The whole model's state dict (on rank 0; empty on the others) and the whole optimizer state
-        (``optimizer.state_dict()``'s format with full tensors), on the CPU: a collective."""
+    def full_weights(self) -> dict[str, Any]:
+        """The whole model's state dict, on the CPU of rank 0 (empty on the others): a collective,
+        which every rank calls at the same point (for a checkpoint, or a remote sampler's push). A
+        tied output layer is a key of its own, with storage of its own."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        from torch.distributed.tensor import DTensor
 
         with _collective():
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             weights = get_model_state_dict(self.model, options=options)
+        self.gather()  # the state dict's hooks resharded the model
+        return weights
+
+    def full_state(self, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The whole model's state dict (``full_weights``: on rank 0; empty on the others) and the
+        whole optimizer state (``optimizer.state_dict()``'s format with full tensors), on the CPU: a
+        collective."""
+        from torch.distributed.tensor import DTensor
+
+        weights = self.full_weights()
+        with _collective():
             state = optimizer.state_dict()
             state["state"] = {
                 index: {k: v.full_tensor().cpu() if isinstance(v, DTensor) else v for k, v in values.items()}
                 for index, values in state["state"].items()
             }
-        self.gather()  # the state dict's hooks resharded the model
         return weights, state
 
 

@@ -33,9 +33,10 @@ others wait for each push: ``samplers/remote.py``); the ranks exchange their rol
 advantages, logs and samples are the whole batch's; each rank then updates on every N-th rollout
 with the batch's token weights and the gradients are summed: N ranks take the one-process step.
 Only rank 0 writes and evaluates. With ``train.fsdp`` (``fsdp.py``) the optimizer state, and the
-weights and gradients it steps on, are sharded over the ranks, and the weights gathered whole
-again after each update: the local sampler generates with the full weights on each rank, no
-collective inside generation.
+weights and gradients it steps on, are sharded over the ranks. The local sampler generates with
+the full weights on each rank, gathered whole again after each update: no collective inside
+generation. For a remote sampler every rank takes part in gathering the whole weights before each
+push, and rank 0 writes them as a run without FSDP writes its model's.
 
 With ``sampler.executor = "ray"`` the groups of a step are rolled out by Ray workers that reach
 the remote server by URL (``samplers/ray_rollouts.py``, the eval path's ``RayExecutor``); the
@@ -190,14 +191,16 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     if config.train.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     broadcast_parameters(model, world)  # every rank starts from rank 0's weights
-    shards = fsdp.shard(model, world, device, config.train.fsdp, sampling=True)  # whole between updates
+    # the local sampler generates with the model between updates (the layer mode gathers it whole then)
+    local = config.sampler.kind == "local"
+    shards = fsdp.shard(model, world, device, config.train.fsdp, sampling=local)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampler: Sampler
     executor: RayExecutor | None = None  # None: the groups are rolled out in this process
-    if config.sampler.kind == "local":
+    if local:
         sampler = LocalSampler(model, tokenizer, max_batch_size=config.train.max_concurrent)
-    else:
-        sampler = RemoteSampler.of_run(config, model, tokenizer, run_dir, world)
+    else:  # with FSDP, every rank gathers the whole weights for each of rank 0's pushes
+        sampler = RemoteSampler.of_run(config, model, tokenizer, run_dir, world, shards)
         await sampler.check_reachable()  # an external server that is not there: refused before any write
         executor = await ray_executor(config, sampler)  # no Ray, no cluster there: refused here too
     trainable, total = parameter_counts(model)
@@ -244,7 +247,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
 
     # the ranks' requests to one remote server: train.max_concurrent in flight in all
     in_flight = config.train.max_concurrent
-    if config.sampler.kind != "local":
+    if not local:
         in_flight = math.ceil(in_flight / world.size)
 
     def step_spec(step: int) -> RunSpec:

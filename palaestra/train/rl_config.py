@@ -299,11 +299,6 @@ class RLConfig:
 
     def __post_init__(self) -> None:
         check_fsdp(self.train.fsdp, self.lora.enabled, self.train.share_prefix)
-        if self.train.fsdp and self.sampler.kind != "local":
-            raise ValueError(
-                "train.fsdp works with the local sampler only: the weights a remote sampler is sent are "
-                "written from the unsharded model, which no test has run yet; set train.fsdp = false"
-            )
         if self.train.max_off_policy_steps and self.sampler.kind == "local":
             raise ValueError(
                 "train.max_off_policy_steps > 0 needs a sampler with weights of its own (sampler.kind = "

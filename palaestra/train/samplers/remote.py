@@ -19,7 +19,10 @@ same ones) and then broadcasts the model name to ask for (a LoRA adapter's name 
 version), or why it could not; the other ranks wait for that broadcast in ``start`` and in each
 ``sync``, so no rank samples before the weights it should sample are served. Every rank calls
 ``sync`` for the same versions in the same order (``off_policy.Batches`` pushes at the same points
-on each): the broadcasts pair up.
+on each): the broadcasts pair up. With ``train.fsdp`` each rank holds only shards of the weights:
+before each push (in ``start`` and ``sync``) every rank takes part in gathering the whole weights
+(``Shards.full_weights``, the gather a checkpoint makes), and rank 0 writes those, as a run
+without FSDP writes its model's.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from palaestra.clients.base import ModelError
 from palaestra.clients.openai import OpenAIClient
 from palaestra.train.config import ConfigError
 from palaestra.train.distributed import World
+from palaestra.train.fsdp import Shards
 from palaestra.train.rl_config import RLConfig, SamplerConfig
 from palaestra.train.samplers.failures import after_rank_0
 from palaestra.train.samplers.server import ServerProcess
@@ -63,9 +67,11 @@ class RemoteSampler:
         lora: bool,
         max_concurrent: int,
         world: World | None = None,
+        shards: Shards | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.world = world or World()
+        self.shards = shards  # FSDP: the model holds only shards; each push gathers the whole weights
         self.owner = self.world.main  # rank 0 starts the server and pushes the weights
         self.url = config.url.rstrip("/")
         root = self.url.removesuffix("/v1")
@@ -95,10 +101,16 @@ class RemoteSampler:
 
     @classmethod
     def of_run(
-        cls, config: RLConfig, model: Any, tokenizer: Any, run_dir: Path, world: World | None = None
+        cls,
+        config: RLConfig,
+        model: Any,
+        tokenizer: Any,
+        run_dir: Path,
+        world: World | None = None,
+        shards: Shards | None = None,
     ) -> RemoteSampler:
         """The sampler ``config.sampler`` names, for the run of ``config`` in ``run_dir`` (on this
-        rank of ``world``)."""
+        rank of ``world``; ``shards``: the model sharded by FSDP)."""
         return cls(
             config.sampler,
             model=model,
@@ -107,6 +119,7 @@ class RemoteSampler:
             lora=config.lora.enabled,
             max_concurrent=config.train.max_concurrent,
             world=world,
+            shards=shards,
         )
 
     # -- before the first step -----------------------------------------------------------------
@@ -121,6 +134,7 @@ class RemoteSampler:
         gives what training needs; ``ConfigError`` (one line) when it cannot. The other ranks
         wait for rank 0 to have done it."""
         self.version = version
+        state = await self._whole_weights()  # every rank, first: no rank may stop before the gather
         if not self.owner:
             model, problem = await self._shared(None)
             if problem is not None or model is None:
@@ -129,15 +143,17 @@ class RemoteSampler:
             self.client.model = model
             return
         try:
-            await self._start(version)
+            await self._start(version, state)
         except Exception as exc:
             await self._shared((None, str(exc)))  # the other ranks stop too, without a word
             raise
         await self._shared((self.client.model, None))
 
-    async def _start(self, version: int) -> None:
+    async def _start(self, version: int, state: dict[str, Any] | None) -> None:
         if self.server is not None:  # a server palaestra starts serves the starting weights at once
-            save_served(self.model, self.tokenizer, self.weights_dir, base=self.weights.kind == "lora")
+            save_served(
+                self.model, self.tokenizer, self.weights_dir, base=self.weights.kind == "lora", state=state
+            )
             await self.server.start(self.url, self.startup_timeout)
         served = await self._served_models()
         if self.wanted_model and self.wanted_model not in served:
@@ -145,7 +161,7 @@ class RemoteSampler:
         self.client.model = self.wanted_model or served[0]
         await self._probe()
         try:
-            await self._push(version, written=self.server is not None)
+            await self._push(version, state, written=self.server is not None)
         except SyncError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -204,9 +220,10 @@ class RemoteSampler:
     async def sync(self, version: int) -> None:
         """Push the trained weights to the server as policy ``version``; ``SyncError`` if it refuses.
         The other ranks wait for rank 0's push, then ask for the model it names."""
+        state = await self._whole_weights()  # every rank
         if self.owner:
             try:
-                await self._push(version)
+                await self._push(version, state)
             except Exception as exc:
                 await self._shared((None, str(exc)))
                 raise
@@ -227,11 +244,18 @@ class RemoteSampler:
         assert shared is not None
         return shared
 
-    async def _push(self, version: int, *, written: bool = False) -> None:
+    async def _whole_weights(self) -> dict[str, Any] | None:
+        """With FSDP, the whole model's state dict on rank 0 (empty on the others), gathered by every
+        rank (a collective: every rank calls it before each push); without, None (the model is whole)."""
+        if self.shards is None:
+            return None
+        return await asyncio.to_thread(self.shards.full_weights)
+
+    async def _push(self, version: int, state: dict[str, Any] | None, *, written: bool = False) -> None:
         if isinstance(self.weights, LoraSync):
             self.client.model = await self.weights.push(self.model, version)
         else:
-            await self.weights.push(self.model, version, written=written)
+            await self.weights.push(self.model, version, written=written, state=state)
 
     async def failure(self) -> str | None:
         """Why the server can sample no more (its process exited, it does not answer), or None."""

@@ -88,19 +88,25 @@ def replace_files(source: Path, target: Path) -> None:
     source.rmdir()
 
 
-def save_served(model: Any, tokenizer: Any, folder: Path, *, base: bool) -> None:
+def save_served(
+    model: Any, tokenizer: Any, folder: Path, *, base: bool, state: dict[str, Any] | None = None
+) -> None:
     """The weights a server should serve, written into ``folder``: the model (a LoRA model merged
     into a copy), or with ``base`` its base model without the adapter; with the tokenizer. An
     output layer tied to the input embedding is written untied (``untied_state``), in the same
-    single write."""
+    single write. ``state``: the whole model's state dict, when the live model holds only shards
+    of it (FSDP, ``Shards.full_weights``; never with LoRA, which FSDP refuses)."""
+    if state is not None and is_lora(model):
+        raise ValueError("save_served: a state dict is for a sharded model, and FSDP refuses LoRA")
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     served = model
     if is_lora(model):
         served = copy.deepcopy(model).unload() if base else copy.deepcopy(model).merge_and_unload()
-    state = untied_state(served)
+    untied = untied_state(served, state)
+    state = untied if untied is not None else state
     served.save_pretrained(str(tmp), **({"state_dict": state} if state is not None else {}))
-    if state is not None:
+    if untied is not None:
         config_file = tmp / "config.json"
         config_file.write_text(
             json.dumps(json.loads(config_file.read_text()) | {"tie_word_embeddings": False}, indent=2)
@@ -110,10 +116,11 @@ def save_served(model: Any, tokenizer: Any, folder: Path, *, base: bool) -> None
     replace_files(tmp, folder)
 
 
-def untied_state(model: Any) -> dict[str, Any] | None:
-    """The state dict of a tied model with its output layer as a weight of its own (a copy of
-    the input embedding), to be saved with ``tie_word_embeddings: false``; ``None`` for a model
-    whose output layer is not tied.
+def untied_state(model: Any, state: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The state dict of a tied model (``state``, its whole weights when the live model holds
+    only shards of them; else the model's own) with its output layer as a weight of its own (a
+    copy of the input embedding), to be saved with ``tie_word_embeddings: false``; ``None`` for a
+    model whose output layer is not tied.
 
     A tied model (SmolLM2, Qwen2.5-0.5B, Llama-3.2-1B: the output layer is the input embedding)
     is saved with the embedding only. vLLM's in-place ``reload_weights`` then refills the
@@ -134,8 +141,10 @@ def untied_state(model: Any) -> dict[str, Any] | None:
     ):
         return None
     name = next(n for n, m in model.named_modules() if m is output) + ".weight"
-    state = dict(model.state_dict())
-    state[name] = output.weight.detach().clone()  # storage of its own: transformers keeps it
+    source = next(n for n, m in model.named_modules() if m is inputs) + ".weight"
+    state = dict(model.state_dict() if state is None else state)
+    if name not in state or state[name].data_ptr() == state[source].data_ptr():
+        state[name] = state[source].detach().clone()  # storage of its own: transformers keeps it
     return state
 
 
@@ -175,9 +184,12 @@ class ReloadSync:
     def __init__(self, root: str, headers: dict[str, str], weights_dir: Path) -> None:
         self.root, self.headers, self.weights_dir = root, headers, weights_dir
 
-    async def push(self, model: Any, version: int, *, written: bool = False) -> None:
-        """Write the weights of ``version`` (unless ``written``) and have the server reload them."""
+    async def push(
+        self, model: Any, version: int, *, written: bool = False, state: dict[str, Any] | None = None
+    ) -> None:
+        """Write the weights of ``version`` (unless ``written``; ``state``: the whole model's, of a
+        sharded one) and have the server reload them."""
         if not written:
-            save_served(model, None, self.weights_dir, base=False)
+            save_served(model, None, self.weights_dir, base=False, state=state)
         await post(self.root, "/collective_rpc", {"method": "reload_weights"}, self.headers, hint=RELOAD_HINT)
         await post(self.root, "/reset_prefix_cache", {}, self.headers, hint=RELOAD_HINT)
