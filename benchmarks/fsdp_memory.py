@@ -46,9 +46,16 @@ def main() -> None:
     device = join(world, torch.device("cpu"))
     before = resident_mb()
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=400, hidden_size=384, intermediate_size=1024, num_hidden_layers=12,
-                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=False)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=400,
+        hidden_size=384,
+        intermediate_size=1024,
+        num_hidden_layers=12,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config).train()
     count = sum(p.numel() for p in model.parameters())
     shards = fsdp.shard(model, world, device, mode)
@@ -76,8 +83,11 @@ def main() -> None:
         seconds.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     step_ms = 1000 * sum(seconds[1:]) / (STEPS - 1)
-    print(f"{sys.argv[1]}: rank {world.rank}/{world.size}, {count / 1e6:.1f}M parameters: peak resident "
-          f"{peak - before:.0f} MB above {before:.0f} MB, step {step_ms:.0f} ms", flush=True)  # fmt: skip
+    print(
+        f"{sys.argv[1]}: rank {world.rank}/{world.size}, {count / 1e6:.1f}M parameters: peak resident "
+        f"{peak - before:.0f} MB above {before:.0f} MB, step {step_ms:.0f} ms",
+        flush=True,
+    )
     leave(world)
 
 

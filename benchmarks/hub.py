@@ -193,8 +193,13 @@ def build_upload_wheels(root: Path, count: int, kilobytes: int) -> list[Path]:
     """Wheels of ``count`` versions of one package, each carrying ``kilobytes`` of random data."""
     wheels = []
     for i in range(count):
-        package = write_env_package(root / "src", name="palaestra-env-upload", module="upload_env",
-                                    env_name="upload", version=f"1.0.{i}")  # fmt: skip
+        package = write_env_package(
+            root / "src",
+            name="palaestra-env-upload",
+            module="upload_env",
+            env_name="upload",
+            version=f"1.0.{i}",
+        )
         (package / "upload_env" / "payload.bin").write_bytes(os.urandom(kilobytes * 1024))
         (wheel,) = [p for p in build_dists(package, root / "dist" / str(i)) if p.suffix == ".whl"]
         wheels.append(wheel)
@@ -293,8 +298,13 @@ def measure_index(root: Path, args: argparse.Namespace) -> list[Row]:
             seconds: list[list[float]] = [[] for _ in cases]
             for _ in range(args.rounds):
                 for i, (_, server, accept, parts) in enumerate(cases):
-                    seconds[i].append(run_async(run_installs(servers[server], accept, installs, args.installs,
-                                                             args.concurrency, parts)))  # fmt: skip
+                    seconds[i].append(
+                        run_async(
+                            run_installs(
+                                servers[server], accept, installs, args.installs, args.concurrency, parts
+                            )
+                        )
+                    )
         stop_hub(proc)
     rows = [
         Row(f"{workload}, concurrency {args.concurrency}", server, len(parts) * args.installs, s)
@@ -346,8 +356,10 @@ def main() -> None:
     if args.quick:
         args.installs, args.uploads, args.upload_kb, args.packages, args.rounds = 100, 5, 64, 2, 1
     load = os.getloadavg()[0]
-    print(f"{os.cpu_count()} cores, shared by the client (this process) and the servers (child processes); "
-          f"{args.rounds} round(s), medians. 1-minute load before: {load:.2f}")  # fmt: skip
+    print(
+        f"{os.cpu_count()} cores, shared by the client (this process) and the servers (child processes); "
+        f"{args.rounds} round(s), medians. 1-minute load before: {load:.2f}"
+    )
     print(
         "Index reference: the hub's static export under http.server's ThreadingHTTPServer (HTTP/1.1, "
         "TCP_NODELAY, backlog 128); it has HTML index pages only, so its page requests get HTML."
@@ -362,12 +374,16 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     static = {row.workload: row.rate for row in index_rows if row.server != "hub"}
     for row in index_rows:
-        print(f"| {row.workload} | {row.server} | {row.count} | {row.median:.2f} | {row.rounds} | {row.rate:,.0f} |  | "
-              f"{row.rate / static[row.workload.replace('JSON', 'HTML')]:.2f}× |")  # fmt: skip
+        print(
+            f"| {row.workload} | {row.server} | {row.count} | {row.median:.2f} | {row.rounds} | {row.rate:,.0f} |  | "
+            f"{row.rate / static[row.workload.replace('JSON', 'HTML')]:.2f}× |"
+        )
     reference = upload_rows[-1].rate
     for row in upload_rows:
-        print(f"| {row.workload} | {row.server} | {row.count} | {row.median:.2f} | {row.rounds} | {row.rate:,.1f} uploads/s | "
-              f"{row.megabytes / row.median:,.1f} | {row.rate / reference:.2f}× |")  # fmt: skip
+        print(
+            f"| {row.workload} | {row.server} | {row.count} | {row.median:.2f} | {row.rounds} | {row.rate:,.1f} uploads/s | "
+            f"{row.megabytes / row.median:,.1f} | {row.rate / reference:.2f}× |"
+        )
     print(f"\n1-minute load after: {os.getloadavg()[0]:.2f}")
 
 

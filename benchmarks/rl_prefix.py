@@ -28,12 +28,38 @@ CONFIG = ROOT / "examples" / "tictactoe" / "tiny-rl.toml"
 
 def run(out: Path, share: bool, steps: int, games: int) -> list[dict[str, float]]:
     command = [
-        sys.executable, "-m", "palaestra.cli", "train", "rl", str(CONFIG), "--quiet",
-        "--model.path", str(STUDENT), "--output.dir", str(out), "--train.steps", str(steps),
-        "--train.batch_size", str(games), "--train.max_concurrent", str(games), "--train.threads", "1",
-        "--eval.every", "0", "--eval.sets", "[]", "--eval.num_examples", "1", "--output.save_every", "0",
-        "--output.sample_every", "0", "--train.share_prefix", str(share).lower(),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "palaestra.cli",
+        "train",
+        "rl",
+        str(CONFIG),
+        "--quiet",
+        "--model.path",
+        str(STUDENT),
+        "--output.dir",
+        str(out),
+        "--train.steps",
+        str(steps),
+        "--train.batch_size",
+        str(games),
+        "--train.max_concurrent",
+        str(games),
+        "--train.threads",
+        "1",
+        "--eval.every",
+        "0",
+        "--eval.sets",
+        "[]",
+        "--eval.num_examples",
+        "1",
+        "--output.save_every",
+        "0",
+        "--output.sample_every",
+        "0",
+        "--train.share_prefix",
+        str(share).lower(),
+    ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 

@@ -62,8 +62,10 @@ async def main() -> None:
         whole, _ = await run(args.examples, None, bounded)
         _, saved = await run(args.examples, args.at * whole, bounded)
         name = "bounded groups (palaestra)" if bounded else "all groups at once (reference)"
-        print(f"{name:32} whole run {whole:5.1f} s · killed at {args.at:.0%}: "
-              f"{saved}/{total} rollouts saved ({saved / total:.0%})")  # fmt: skip
+        print(
+            f"{name:32} whole run {whole:5.1f} s · killed at {args.at:.0%}: "
+            f"{saved}/{total} rollouts saved ({saved / total:.0%})"
+        )
 
 
 if __name__ == "__main__":

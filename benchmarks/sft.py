@@ -76,8 +76,17 @@ def prepare_model(args: argparse.Namespace, work: Path) -> str:
     from palaestra.train.data import load_conversations, message_texts
 
     path = work / "tiny-model"
-    sizes = TinyConfig(vocab_size=1000, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=8,
-                       num_kv_heads=4, max_positions=2048, initializer_range=0.02, tie_embeddings=True)  # fmt: skip
+    sizes = TinyConfig(
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=768,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        max_positions=2048,
+        initializer_range=0.02,
+        tie_embeddings=True,
+    )
     build_tiny_model(message_texts(load_conversations(args.data)), sizes, path=path)
     return str(path)
 
@@ -125,8 +134,10 @@ def report(results: list[dict[str, Any]]) -> None:
     print("\n| trainer | trained tok/s | all tok/s | s/step | peak RSS GB | loss, last 3 steps |")
     print("|---|---|---|---|---|---|")
     for row in best.values():
-        print(f"| {row['trainer']} | {row['trained_tokens_per_s']} | {row['tokens_per_s']} | {row['s_per_step']} "
-              f"| {row['peak_rss_gb']} | {row['final_loss']} |")  # fmt: skip
+        print(
+            f"| {row['trainer']} | {row['trained_tokens_per_s']} | {row['tokens_per_s']} | {row['s_per_step']} "
+            f"| {row['peak_rss_gb']} | {row['final_loss']} |"
+        )
     if "palaestra" in best and "trl" in best:
         ratio = best["palaestra"]["trained_tokens_per_s"] / best["trl"]["trained_tokens_per_s"]
         gap = max(abs(a - b) for a, b in zip(best["palaestra"]["losses"], best["trl"]["losses"], strict=True))
@@ -212,11 +223,13 @@ def run_trl(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
             batch = rows[len(steps) * BATCH : (len(steps) + 1) * BATCH]
-            steps.append({
-                "seconds": time.perf_counter() - self.t0,
-                "tokens": sum(len(r["input_ids"]) for r in batch),
-                "trained_tokens": sum(label != IGNORE for r in batch for label in r["labels"]),
-            })  # fmt: skip
+            steps.append(
+                {
+                    "seconds": time.perf_counter() - self.t0,
+                    "tokens": sum(len(r["input_ids"]) for r in batch),
+                    "trained_tokens": sum(label != IGNORE for r in batch for label in r["labels"]),
+                }
+            )
 
         def on_log(self, _args: Any, state: Any, control: Any, logs: Any = None, **k: Any) -> None:
             if logs and "loss" in logs and steps:
@@ -224,16 +237,39 @@ def run_trl(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 
     assert BATCH % args.trl_micro == 0
     trl_config = SFTConfig(
-        output_dir=str(out / "run"), max_steps=args.steps, per_device_train_batch_size=args.trl_micro,
-        gradient_accumulation_steps=BATCH // args.trl_micro, learning_rate=LR, lr_scheduler_type="constant",
-        warmup_steps=0, adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0,
-        optim="adamw_torch", logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False,
-        max_length=args.max_length, train_sampling_strategy="sequential", dataloader_num_workers=0, seed=0,
-        logging_nan_inf_filter=False, disable_tqdm=True,
+        output_dir=str(out / "run"),
+        max_steps=args.steps,
+        per_device_train_batch_size=args.trl_micro,
+        gradient_accumulation_steps=BATCH // args.trl_micro,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        adam_epsilon=1e-8,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        max_length=args.max_length,
+        train_sampling_strategy="sequential",
+        dataloader_num_workers=0,
+        seed=0,
+        logging_nan_inf_filter=False,
+        disable_tqdm=True,
         gradient_checkpointing=False,  # TRL defaults to True: recomputing the forward pass is not the same work
-    )  # fmt: skip
-    trainer = SFTTrainer(model=model, args=trl_config, train_dataset=dataset, processing_class=tokenizer,
-                         callbacks=[StepTimer()])  # fmt: skip
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=trl_config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[StepTimer()],
+    )
     trainer.train()
     return steps
 

@@ -179,8 +179,14 @@ class ReplSession:
         self.closed = False
         self._lock = asyncio.Lock()
         self._cpu_done = 0.0  # CPU seconds of workers that are gone
-        self.stats = {"repl_calls": 0, "repl_errors": 0, "repl_kills": 0, "repl_restarts": 0,
-                      "repl_seconds": 0.0, "repl_cpu_seconds": 0.0}  # fmt: skip
+        self.stats = {
+            "repl_calls": 0,
+            "repl_errors": 0,
+            "repl_kills": 0,
+            "repl_restarts": 0,
+            "repl_seconds": 0.0,
+            "repl_cpu_seconds": 0.0,
+        }
 
     def _cpu_left(self) -> int:
         return int(self.limits.rollout_cpu_seconds - self.stats["repl_cpu_seconds"])

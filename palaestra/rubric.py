@@ -29,9 +29,18 @@ from palaestra.runner import captured
 from palaestra.types import ErrorInfo, Example, Rollout
 
 STANDARD_ARGS = (
-    "prompt", "completion", "messages", "answer", "state", "info", "example", "parser",
-    "rollout", "example_id", "rollout_index",
-)  # fmt: skip
+    "prompt",
+    "completion",
+    "messages",
+    "answer",
+    "state",
+    "info",
+    "example",
+    "parser",
+    "rollout",
+    "example_id",
+    "rollout_index",
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -68,8 +68,14 @@ class ReplLimits:
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"limits: {name} must be a positive number of seconds, got {value!r}")
         lowest = {"memory_mb": 64, "max_processes": 4, "output_chars": 100}
-        for name in ("call_cpu_seconds", "rollout_cpu_seconds", "memory_mb", "max_processes", "disk_mb",
-                     "output_chars"):  # fmt: skip
+        for name in (
+            "call_cpu_seconds",
+            "rollout_cpu_seconds",
+            "memory_mb",
+            "max_processes",
+            "disk_mb",
+            "output_chars",
+        ):
             value, low = getattr(self, name), lowest.get(name, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"limits: {name} must be an integer ≥ {low}, got {value!r}")
@@ -171,9 +177,19 @@ class Sandbox:
             env.update({f"PALAESTRA_SOCKET_{k.upper()}": v for k, v in sockets.items()})
             return argv, {"cwd": workdir, "env": env, "start_new_session": True}
         env["HOME"] = WORKDIR
-        out = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-               "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-               "--clearenv"]  # fmt: skip
+        out = [
+            "bwrap",
+            "--unshare-net",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
+            "--clearenv",
+        ]
         options: dict[str, Any] = {"start_new_session": True}
         for key, value in env.items():
             out += ["--setenv", key, value]
@@ -199,8 +215,18 @@ class Sandbox:
             # root keeps bubblewrap's privileged mode, and the worker drops to an unprivileged id of
             # its own: Linux never applies RLIMIT_NPROC to root, so a fork bomb would not be stopped
             uid = str(worker_uid())
-            out += ["--", "setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all",
-                    "--bounding-set=-all", "--no-new-privs"]  # fmt: skip
+            out += [
+                "--",
+                "setpriv",
+                "--reuid",
+                uid,
+                "--regid",
+                uid,
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--no-new-privs",
+            ]
         else:
             out[1:1] = ["--unshare-user", "--cap-drop", "ALL"]
             out += ["--"]

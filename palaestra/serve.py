@@ -248,9 +248,14 @@ async def start(
     """Bind and serve ``app`` from this event loop; returns the runner (``cleanup()`` stops it) and URL.
     ``access_log``: a line per request to ``access_logger()``."""
     sock = bind(host, port)
-    runner = web.AppRunner(app, access_log=access_logger() if access_log else None,
-                           access_log_format=ACCESS_LOG_FORMAT, handle_signals=False,
-                           handler_cancellation=True, shutdown_timeout=grace)  # fmt: skip
+    runner = web.AppRunner(
+        app,
+        access_log=access_logger() if access_log else None,
+        access_log_format=ACCESS_LOG_FORMAT,
+        handle_signals=False,
+        handler_cancellation=True,
+        shutdown_timeout=grace,
+    )
     await runner.setup()
     try:
         await web.SockSite(runner, sock).start()

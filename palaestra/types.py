@@ -355,15 +355,36 @@ _NUMBER = (int, float)
 _OPTIONAL = type(None)
 _IDS = "ids"  # a list of integers, or null
 _ROLLOUT_FIELDS: dict[str, Any] = {
-    "example_id": int, "rollout_index": int, "seed": int, "prompt": list, "completion": list,
-    "answer": object, "info": dict, "turns": list, "state": dict, "reward": (*_NUMBER, _OPTIONAL),
-    "metrics": dict, "stop_reason": (str, _OPTIONAL), "error": (dict, _OPTIONAL), "timing": dict, "usage": dict,
-    "tools": (list, _OPTIONAL), "env": (str, _OPTIONAL), "policy_version": (int, _OPTIONAL),
-}  # fmt: skip
+    "example_id": int,
+    "rollout_index": int,
+    "seed": int,
+    "prompt": list,
+    "completion": list,
+    "answer": object,
+    "info": dict,
+    "turns": list,
+    "state": dict,
+    "reward": (*_NUMBER, _OPTIONAL),
+    "metrics": dict,
+    "stop_reason": (str, _OPTIONAL),
+    "error": (dict, _OPTIONAL),
+    "timing": dict,
+    "usage": dict,
+    "tools": (list, _OPTIONAL),
+    "env": (str, _OPTIONAL),
+    "policy_version": (int, _OPTIONAL),
+}
 _TURN_FIELDS: dict[str, Any] = {
-    "index": int, "prompt_messages": int, "finish_reason": (str, _OPTIONAL), "usage": dict, "token_ids": _IDS,
-    "logprobs": "numbers", "prompt_token_ids": _IDS, "model_time": _NUMBER, "env_time": _NUMBER,
-}  # fmt: skip
+    "index": int,
+    "prompt_messages": int,
+    "finish_reason": (str, _OPTIONAL),
+    "usage": dict,
+    "token_ids": _IDS,
+    "logprobs": "numbers",
+    "prompt_token_ids": _IDS,
+    "model_time": _NUMBER,
+    "env_time": _NUMBER,
+}
 _USAGE_FIELDS: dict[str, Any] = {"prompt_tokens": int, "completion_tokens": int}
 
 

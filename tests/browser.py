@@ -26,10 +26,18 @@ def chrome(tmp_path: Path, *, flags: tuple[str, ...] = (), console_log: bool = F
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM if Path(CHROMIUM).exists() else str(shutil.which("chromium"))
     for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--no-first-run", "--window-size=1280,1400", f"--user-data-dir={tmp_path / 'chrome-profile'}", *flags,
-    ):  # fmt: skip
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1280,1400",
+        f"--user-data-dir={tmp_path / 'chrome-profile'}",
+        *flags,
+    ):
         options.add_argument(flag)
     if console_log:
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

@@ -80,11 +80,23 @@ def run_case(
     backbone, head = backbone_and_head(model)
     batch = sequences(model.config.vocab_size, rollouts)
     stats = policy_update(
-        model, head, backbone, optimizer, scheduler, world.deal(batch, key=lambda s: s.rollout),
-        LossConfig(name=loss, kl_beta=kl_beta, max_tokens=20), passes=2, micro_batch_tokens=64,
-        max_grad_norm=1.0, device=torch.device("cpu"), bf16=False, pad_id=0, reference=reference, world=world,
+        model,
+        head,
+        backbone,
+        optimizer,
+        scheduler,
+        world.deal(batch, key=lambda s: s.rollout),
+        LossConfig(name=loss, kl_beta=kl_beta, max_tokens=20),
+        passes=2,
+        micro_batch_tokens=64,
+        max_grad_norm=1.0,
+        device=torch.device("cpu"),
+        bf16=False,
+        pad_id=0,
+        reference=reference,
+        world=world,
         shards=shards,
-    )  # fmt: skip
+    )
     if shards is not None:  # AdamW's moments are shards too; the whole weights, gathered
         moments = [optimizer.state[p]["exp_avg"] for p in shards.params]
         assert all(isinstance(m, DTensor) and m.to_local().numel() < m.numel() for m in moments)

@@ -49,10 +49,28 @@ async def test_eval_against_an_http_server(tmp_path: Path) -> None:
     async with FakeOpenAIServer(reverse_reply) as server:
         # the CLI runs its own event loop, so it goes in a subprocess while this loop serves
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "palaestra.cli", "eval", "reverse_text", "-m", server.model,
-            "-b", server.base_url, "-n", "3", "-r", "2", "-t", "100", "-T", "0.5", "-o", str(tmp_path),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "palaestra.cli",
+            "eval",
+            "reverse_text",
+            "-m",
+            server.model,
+            "-b",
+            server.base_url,
+            "-n",
+            "3",
+            "-r",
+            "2",
+            "-t",
+            "100",
+            "-T",
+            "0.5",
+            "-o",
+            str(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
     assert "6 rollouts" in out.decode()
@@ -141,10 +159,25 @@ async def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path: Path) -> None:
 
     async with FakeOpenAIServer(slow) as server:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "palaestra.cli", "eval", "reverse_text", "-m", server.model,
-            "-b", server.base_url, "-n", "4", "-r", "1", "-o", str(tmp_path),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "palaestra.cli",
+            "eval",
+            "reverse_text",
+            "-m",
+            server.model,
+            "-b",
+            server.base_url,
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "-o",
+            str(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=default_sigint,
+        )
         await asyncio.wait_for(started.wait(), timeout=60)
         proc.send_signal(signal.SIGINT)
         _, err = await asyncio.wait_for(proc.communicate(), timeout=30)

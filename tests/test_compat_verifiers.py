@@ -228,8 +228,15 @@ async def test_tictactoe_matches_a_palaestra_twin() -> None:
     theirs = await twin_tictactoe(10, 1).run(
         pa.ScriptedClient(tictactoe_player), spec(rollouts_per_example=4)
     )
-    assert_same(ours, theirs, {"win_reward_func": "win_reward", "invalid_move_penalty_func": "invalid_move_penalty",
-                               "format_reward_func": "format_reward"})  # fmt: skip
+    assert_same(
+        ours,
+        theirs,
+        {
+            "win_reward_func": "win_reward",
+            "invalid_move_penalty_func": "invalid_move_penalty",
+            "format_reward_func": "format_reward",
+        },
+    )
     for a, b in zip(ours, theirs, strict=True):
         assert {k: a.state[k] for k in ("board", "winner", "invalid_moves")} == {
             k: b.state[k] for k in ("board", "winner", "invalid_moves")
@@ -260,8 +267,10 @@ async def test_env_group_runs_each_environment_as_it_runs_alone() -> None:
     group = vf.EnvGroup(envs=members(), env_names=["reverse", "check"])
     assert isinstance(group, pa.EnvGroup) and len(group.examples) == 5
     rollouts = await group.run(pa.ScriptedClient(either_policy), spec(rollouts_per_example=2))
-    alone = {name: await env.run(pa.ScriptedClient(either_policy), spec(rollouts_per_example=2))
-             for name, env in zip(("reverse", "check"), members(), strict=True)}  # fmt: skip
+    alone = {
+        name: await env.run(pa.ScriptedClient(either_policy), spec(rollouts_per_example=2))
+        for name, env in zip(("reverse", "check"), members(), strict=True)
+    }
     every = {"lcs_reward_func", "num_turns", "correct_answer", "changed_answer"}
     for rollout in rollouts:
         source = group.source(group.examples[rollout.example_id])
@@ -317,8 +326,16 @@ async def test_tool_env_matches_a_palaestra_twin_and_builds_openai_schemas() -> 
     assert add["parameters"]["required"] == ["a", "b"] and add["parameters"]["additionalProperties"] is False
     ours = await env.run(pa.ScriptedClient(tool_user), spec(rollouts_per_example=5))
     theirs = await twin.run(pa.ScriptedClient(tool_user), spec(rollouts_per_example=5))
-    assert_same(ours, theirs, {"exact_answer": "exact_answer", "add_calls": "add_calls",
-                               "lookup_capital_calls": "lookup_capital_calls"}, roles=("assistant",))  # fmt: skip
+    assert_same(
+        ours,
+        theirs,
+        {
+            "exact_answer": "exact_answer",
+            "add_calls": "add_calls",
+            "lookup_capital_calls": "lookup_capital_calls",
+        },
+        roles=("assistant",),
+    )
     assert {r.reward for r in ours} == {0.0, 1.0}
     assert all(r.tools == env.oai_tools for r in ours)
     failed = [
@@ -472,11 +489,14 @@ class Counter(vf.MultiTurnEnv):
         return [{"role": "user", "content": f"again {state['env_calls']}"}]
 
 
-@pytest.mark.parametrize(("max_turns", "stop_at", "turns", "env_calls", "stop"), [
-    (3, None, 3, 2, "max_turns_reached"),  # the reply reaching max_turns is never answered
-    (-1, 4, 4, 3, "said_stop"),  # -1: no limit
-    (3, 1, 1, 0, "said_stop"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("max_turns", "stop_at", "turns", "env_calls", "stop"),
+    [
+        (3, None, 3, 2, "max_turns_reached"),  # the reply reaching max_turns is never answered
+        (-1, 4, 4, 3, "said_stop"),  # -1: no limit
+        (3, 1, 1, 0, "said_stop"),
+    ],
+)
 async def test_max_turns_counts_replies_and_the_last_one_gets_no_env_response(
     max_turns: int, stop_at: int | None, turns: int, env_calls: int, stop: str
 ) -> None:
@@ -640,8 +660,11 @@ def test_xml_parser_is_verifiers_own() -> None:
     assert parser.format(think="t", answer="a") == "<think>\nt\n</think>\n<code>\na\n</code>"
     with pytest.raises(ValueError, match="Missing value for field 'code'"):
         parser.format(think="t")
-    messages = [{"role": "assistant", "content": "<code>old</code>"}, {"role": "user", "content": "<code>u</code>"},
-                {"role": "assistant", "content": "no tag"}]  # fmt: skip
+    messages = [
+        {"role": "assistant", "content": "<code>old</code>"},
+        {"role": "user", "content": "<code>u</code>"},
+        {"role": "assistant", "content": "no tag"},
+    ]
     assert parser.parse_answer(messages) == "old"  # newest to oldest
     reward = parser.get_format_reward_func()
     assert reward([{"role": "assistant", "content": "<think>a</think>\n<code>b</code>"}]) == pytest.approx(
@@ -683,8 +706,13 @@ def test_state_forwards_input_fields() -> None:
 
 
 def test_dataset_formatting_follows_verifiers() -> None:
-    rows = [{"prompt": [{"role": "user", "content": "hi"}], "example_id": "a1", "info": '{"x": 1}'},
-            {"prompt": [{"role": "system", "content": "own"}, {"role": "user", "content": "yo"}], "example_id": "b2"}]  # fmt: skip
+    rows = [
+        {"prompt": [{"role": "user", "content": "hi"}], "example_id": "a1", "info": '{"x": 1}'},
+        {
+            "prompt": [{"role": "system", "content": "own"}, {"role": "user", "content": "yo"}],
+            "example_id": "b2",
+        },
+    ]
     env = vf.SingleTurnEnv(
         eval_dataset=rows, dataset=[{"question": "train"}], system_prompt="sys", few_shot=[]
     )

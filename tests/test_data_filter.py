@@ -23,8 +23,17 @@ def rollout(i: int, reward: float | None, *, replies: list[str] | None = None, *
     for text in replies:
         completion += [{"role": "assistant", "content": text}, {"role": "user", "content": "next"}]
     turns = [Turn(index=t, prompt_messages=1 + 2 * t, finish_reason="stop") for t in range(len(replies))]
-    return pa.Rollout(i, 0, i, [{"role": "user", "content": "play"}], completion, reward=reward,
-                      metrics=dict(metrics), turns=turns, stop_reason="game_over")  # fmt: skip
+    return pa.Rollout(
+        i,
+        0,
+        i,
+        [{"role": "user", "content": "play"}],
+        completion,
+        reward=reward,
+        metrics=dict(metrics),
+        turns=turns,
+        stop_reason="game_over",
+    )
 
 
 @pytest.mark.parametrize(

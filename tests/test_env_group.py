@@ -108,8 +108,21 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, s
 
 def test_eval_and_resume_of_a_group(policy: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_dir = tmp_path / "out"
-    args = ["eval", "group", "-a", json.dumps({"envs": ENVS}), "-m", "scripted:group_policy:mixed",
-            "-n", "-1", "-r", "2", "-o", out_dir, "--quiet"]  # fmt: skip
+    args = [
+        "eval",
+        "group",
+        "-a",
+        json.dumps({"envs": ENVS}),
+        "-m",
+        "scripted:group_policy:mixed",
+        "-n",
+        "-1",
+        "-r",
+        "2",
+        "-o",
+        out_dir,
+        "--quiet",
+    ]
     code, out, err = run_cli(capsys, *args)
     assert code == 0, err
     assert "per environment" in out
@@ -164,8 +177,17 @@ def test_eval_and_resume_of_a_group(policy: Any, tmp_path: Path, capsys: pytest.
 def test_a_bad_group_is_one_clear_error(
     env_args: dict[str, Any], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = run_cli(capsys, "eval", "group", "-a", json.dumps(env_args), "-m", "scripted:reverse_text:oracle",
-                           "-o", tmp_path)  # fmt: skip
+    code, _, err = run_cli(
+        capsys,
+        "eval",
+        "group",
+        "-a",
+        json.dumps(env_args),
+        "-m",
+        "scripted:reverse_text:oracle",
+        "-o",
+        tmp_path,
+    )
     assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "evals").exists()
 

@@ -57,15 +57,26 @@ async def test_each_bad_request_is_one_4xx_and_the_episode_plays_on() -> None:
             "wrong type": ("POST", "/reset", {"json": {"seed": "1"}}, 400, "invalid_request"),
             "bad sampling": ("POST", "/reset", {"json": {"sampling": {"top_p": 2}}}, 400, "invalid_request"),
             "unknown example": ("POST", "/reset", {"json": {"example_id": 4}}, 404, "unknown_example"),
-            "unknown episode": ("POST", "/step", {"json": {"episode_id": "x", "action": {"content": "a"}}},
-                                404, "unknown_episode"),
+            "unknown episode": (
+                "POST",
+                "/step",
+                {"json": {"episode_id": "x", "action": {"content": "a"}}},
+                404,
+                "unknown_episode",
+            ),
             "state without id": ("GET", "/state", {}, 400, "invalid_request"),
-            "step without id": ("POST", "/step", {"json": {"action": {"content": "a"}}}, 400, "invalid_request"),
+            "step without id": (
+                "POST",
+                "/step",
+                {"json": {"action": {"content": "a"}}},
+                400,
+                "invalid_request",
+            ),
             "unknown route": ("GET", "/nowhere", {}, 404, "not_found"),
             "wrong method": ("GET", "/step", {}, 405, "method_not_allowed"),
             "body too large": ("POST", "/reset", {"data": b" " * 20_000}, 413, "body_too_large"),
             "bad page": ("GET", "/examples", {"params": {"limit": "many"}}, 400, "invalid_request"),
-        }  # fmt: skip
+        }
         for what, (method, path, kwargs, status, code) in refused.items():
             got, body = await call(session, method, url + path, **kwargs)
             assert (got, body["code"]) == (status, code), what
@@ -76,14 +87,19 @@ async def test_each_bad_request_is_one_4xx_and_the_episode_plays_on() -> None:
         status, taken = await call(session, "POST", f"{url}/reset", json={"episode_id": episode})
         assert (status, taken["code"]) == (409, "episode_exists")
         bad_steps = {
-            "not the assistant": ({"message": {"role": "user", "content": "hi"}}, None, 400, "invalid_request"),
+            "not the assistant": (
+                {"message": {"role": "user", "content": "hi"}},
+                None,
+                400,
+                "invalid_request",
+            ),
             "no content": ({"content": None}, None, 400, "invalid_request"),
             "content of a wrong type": ({"content": 3}, None, 400, "invalid_request"),
             "bad tool call": ({"tool_calls": [{"function": "f"}]}, None, 400, "invalid_request"),
             "bad token ids": ({"content": "a", "token_ids": ["1"]}, None, 400, "invalid_request"),
             "unknown action field": ({"content": "a", "move": 1}, None, 400, "invalid_request"),
             "out of order": ({"content": "a"}, 5, 409, "out_of_order"),
-        }  # fmt: skip
+        }
         while not body["done"]:
             for what, (act, turn, want, code) in bad_steps.items():
                 step = {"episode_id": episode, "action": act, "turn": turn}

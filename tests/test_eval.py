@@ -88,8 +88,14 @@ async def test_a_cancelled_run_is_saved_as_interrupted_with_whole_groups(tmp_pat
             delivered.set()
 
     task = asyncio.create_task(
-        pa.evaluate(env(), pa.ScriptedClient(slow, model="slow"), pa.RunSpec(num_examples=10, rollouts_per_example=3, max_concurrent=2), output_dir=tmp_path, on_rollout=seen)
-    )  # fmt: skip
+        pa.evaluate(
+            env(),
+            pa.ScriptedClient(slow, model="slow"),
+            pa.RunSpec(num_examples=10, rollouts_per_example=3, max_concurrent=2),
+            output_dir=tmp_path,
+            on_rollout=seen,
+        )
+    )
     await delivered.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -145,9 +151,17 @@ async def test_resume_after_sigkill_gives_exactly_n_times_r(tmp_path: Path) -> N
     async with FakeOpenAIServer(slow_reverse) as server:
         args = ["reverse_text", "-m", server.model, "-b", server.base_url, "-n", "30", "-r", "2", "-c", "4"]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "palaestra.cli", "eval", *args, "-o", str(tmp_path), "--quiet",
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "palaestra.cli",
+            "eval",
+            *args,
+            "-o",
+            str(tmp_path),
+            "--quiet",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         results = None
         for _ in range(400):  # wait until some groups are saved, then kill without warning
             await asyncio.sleep(0.025)
@@ -163,9 +177,16 @@ async def test_resume_after_sigkill_gives_exactly_n_times_r(tmp_path: Path) -> N
         assert json.loads((results.parent / "metadata.json").read_text())["status"] == "running"
 
         resume = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "palaestra.cli", "eval", "--resume", str(results.parent), "--quiet",
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "palaestra.cli",
+            "eval",
+            "--resume",
+            str(results.parent),
+            "--quiet",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         _, err = await resume.communicate()
     assert resume.returncode == 0, err.decode()
     run = pa.load_run(results.parent)
@@ -177,11 +198,30 @@ async def test_resume_after_sigkill_gives_exactly_n_times_r(tmp_path: Path) -> N
 async def test_cli_eval_saves_a_dataset_and_passes_sampling_through(tmp_path: Path) -> None:
     async with FakeOpenAIServer(lambda body: "<reversed_text>x</reversed_text>") as server:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "palaestra.cli", "eval", "reverse_text", "-m", server.model,
-            "-b", server.base_url, "-n", "3", "-r", "2", "-S", '{"top_p": 0.5, "top_k": 7}', "-T", "0.3",
-            "-o", str(tmp_path / "out"), "--save-dataset", str(tmp_path / "ds"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "palaestra.cli",
+            "eval",
+            "reverse_text",
+            "-m",
+            server.model,
+            "-b",
+            server.base_url,
+            "-n",
+            "3",
+            "-r",
+            "2",
+            "-S",
+            '{"top_p": 0.5, "top_k": 7}',
+            "-T",
+            "0.3",
+            "-o",
+            str(tmp_path / "out"),
+            "--save-dataset",
+            str(tmp_path / "ds"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
     assert {(b["top_p"], b["top_k"], b["temperature"]) for b in server.requests} == {(0.5, 7, 0.3)}

@@ -62,8 +62,9 @@ def run(server: FakeOpenAIServer, executor: Any, output_dir: Path | None = None,
         client = pa.OpenAIClient("fake-model", base_url=server.base_url, api_key="")
         try:
             spec = pa.RunSpec(num_examples=N, rollouts_per_example=R, max_concurrent=8, seed=3)
-            return await pa.evaluate(env, client, spec, output_dir=output_dir, env_id="tictactoe",
-                                     executor=executor, **kwargs)  # fmt: skip
+            return await pa.evaluate(
+                env, client, spec, output_dir=output_dir, env_id="tictactoe", executor=executor, **kwargs
+            )
         finally:
             await client.aclose()
 
@@ -80,9 +81,32 @@ def comparable(eval_run: pa.EvalRun) -> tuple[Any, list[Any]]:
 def test_the_cli_runs_on_ray_workers_and_saves_the_one_process_run(
     cluster: None, server: FakeOpenAIServer, one_process: pa.EvalRun, tmp_path: Path
 ) -> None:
-    code = main(["eval", "tictactoe", "-m", "fake-model", "-b", server.base_url, "--no-api-key", "-n", str(N),
-                 "-r", str(R), "-c", "8", "--seed", "3", "--executor", "ray", "--workers", "2", "--quiet",
-                 "-o", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "tictactoe",
+            "-m",
+            "fake-model",
+            "-b",
+            server.base_url,
+            "--no-api-key",
+            "-n",
+            str(N),
+            "-r",
+            str(R),
+            "-c",
+            "8",
+            "--seed",
+            "3",
+            "--executor",
+            "ray",
+            "--workers",
+            "2",
+            "--quiet",
+            "-o",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     (folder,) = (tmp_path / "evals" / "tictactoe--fake-model").iterdir()
     saved = pa.load_run(folder)
@@ -187,14 +211,46 @@ def test_a_node_without_the_environment_says_which_and_where_and_writes_nothing(
     monkeypatch.setattr(
         pa, "load_environment", lambda name, **kw: real("tictactoe" if name == "only_here" else name, **kw)
     )
-    code = main(["eval", "only_here", "-m", "fake-model", "-b", server.base_url, "--no-api-key", "-n", "2",
-                 "--executor", "ray", "--workers", "1", "-o", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "only_here",
+            "-m",
+            "fake-model",
+            "-b",
+            server.base_url,
+            "--no-api-key",
+            "-n",
+            "2",
+            "--executor",
+            "ray",
+            "--workers",
+            "1",
+            "-o",
+            str(tmp_path),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert "the rollout worker on node " in err and "cannot load environment 'only_here'" in err
     assert "install its package on that node" in err
     assert not (tmp_path / "evals").exists()
-    code = main(["eval", "tictactoe", "-m", "fake-model", "-b", server.base_url, "--no-api-key",
-                 "--executor", "ray", "--workers", "9", "-o", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "eval",
+            "tictactoe",
+            "-m",
+            "fake-model",
+            "-b",
+            server.base_url,
+            "--no-api-key",
+            "--executor",
+            "ray",
+            "--workers",
+            "9",
+            "-o",
+            str(tmp_path),
+        ]
+    )
     assert code == 2 and "--workers 9: the Ray cluster has 4 CPUs, one per worker" in capsys.readouterr().err
     assert not (tmp_path / "evals").exists()

@@ -69,25 +69,60 @@ def _call(id_: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _rollout(eid: int, idx: int, completion: list[dict[str, Any]], reward: float | None, stop: str | None, *, prompt: str = "hi", error: ErrorInfo | None = None) -> Rollout:  # fmt: skip
+def _rollout(
+    eid: int,
+    idx: int,
+    completion: list[dict[str, Any]],
+    reward: float | None,
+    stop: str | None,
+    *,
+    prompt: str = "hi",
+    error: ErrorInfo | None = None,
+) -> Rollout:
     metrics = {} if reward is None else {"correct": float(reward >= 0.5), "format": 1.0}
-    return Rollout(eid, idx, 0, [{"role": "user", "content": prompt}], completion, reward=reward,
-                   metrics=metrics, stop_reason=stop, error=error)  # fmt: skip
+    return Rollout(
+        eid,
+        idx,
+        0,
+        [{"role": "user", "content": prompt}],
+        completion,
+        reward=reward,
+        metrics=metrics,
+        stop_reason=stop,
+        error=error,
+    )
 
 
-def write_run(path: Path, rollouts: list[Rollout], *, env_id: str = "toy", model: str = "model-a", summary: bool = True,
-              rubric: dict[str, Any] | None = None) -> Path:  # fmt: skip
+def write_run(
+    path: Path,
+    rollouts: list[Rollout],
+    *,
+    env_id: str = "toy",
+    model: str = "model-a",
+    summary: bool = True,
+    rubric: dict[str, Any] | None = None,
+) -> Path:
     path.mkdir(parents=True)
     (path / "results.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in rollouts))
     metadata: dict[str, Any] = {
-        "run_id": f"run-{model}", "env_id": env_id, "env_args": {"difficulty": "<hard>"}, "model": model,
-        "base_url": None, "sampling": {"temperature": 0.7, "max_tokens": 256}, "num_examples": 8,
-        "rollouts_per_example": 2, "max_concurrent": 4, "seed": 0, "pass_threshold": 0.5,
+        "run_id": f"run-{model}",
+        "env_id": env_id,
+        "env_args": {"difficulty": "<hard>"},
+        "model": model,
+        "base_url": None,
+        "sampling": {"temperature": 0.7, "max_tokens": 256},
+        "num_examples": 8,
+        "rollouts_per_example": 2,
+        "max_concurrent": 4,
+        "seed": 0,
+        "pass_threshold": 0.5,
         "versions": {"palaestra": "0.1.0", "env_package": "0.1", "python": "3.11"},
-        "started_at": "2025-01-01T10:00:00+00:00", "finished_at": "2025-01-01T10:01:30+00:00",
-        "status": "complete", "counts": {"expected": 16, "saved": len(rollouts), "errors": 2},
+        "started_at": "2025-01-01T10:00:00+00:00",
+        "finished_at": "2025-01-01T10:01:30+00:00",
+        "status": "complete",
+        "counts": {"expected": 16, "saved": len(rollouts), "errors": 2},
         "rubric": rubric or {},
-    }  # fmt: skip
+    }
     if summary:
         metadata["summary"] = summarize(rollouts, rollouts_per_example=2, pass_threshold=0.5)
     else:
@@ -194,8 +229,11 @@ def test_two_runs_of_one_env_show_signed_deltas(tmp_path: Path) -> None:
     assert 'id="run-0"' in html and 'id="run-1"' in html
 
 
-RUBRIC = {"correct": {"weight": 1.0, "higher_is_better": True}, "format": {"weight": 0.5, "higher_is_better": True},
-          "turns_used": {"weight": 0.0, "higher_is_better": False}}  # fmt: skip
+RUBRIC = {
+    "correct": {"weight": 1.0, "higher_is_better": True},
+    "format": {"weight": 0.5, "higher_is_better": True},
+    "turns_used": {"weight": 0.0, "higher_is_better": False},
+}
 
 
 def game_rollouts(turns: list[float]) -> list[Rollout]:

@@ -13,14 +13,32 @@ from palaestra.eval.store import RunMetadata, RunStore, RunStoreError, load_run
 
 # metadata.json as palaestra 0.1.0 wrote it before RunMetadata existed
 OLD = {
-    "run_id": "20261129-101500-abcdef", "env_id": "toy", "env_args": {"k": 1}, "model": "m",
-    "base_url": None, "api_key_var": None,
-    "sampling": {"temperature": 0.7, "top_p": None, "max_tokens": 64, "stop": None, "seed": None,
-                 "logprobs": False, "extra": {}},
-    "num_examples": 4, "rollouts_per_example": 2, "max_concurrent": 8, "seed": 3, "pass_threshold": 0.5,
-    "versions": {"palaestra": "0.1.0"}, "started_at": "2026-11-29T10:15:00Z", "finished_at": None,
-    "status": "interrupted", "counts": {"expected": 8, "saved": 0, "errors": 0},
-}  # fmt: skip
+    "run_id": "20261129-101500-abcdef",
+    "env_id": "toy",
+    "env_args": {"k": 1},
+    "model": "m",
+    "base_url": None,
+    "api_key_var": None,
+    "sampling": {
+        "temperature": 0.7,
+        "top_p": None,
+        "max_tokens": 64,
+        "stop": None,
+        "seed": None,
+        "logprobs": False,
+        "extra": {},
+    },
+    "num_examples": 4,
+    "rollouts_per_example": 2,
+    "max_concurrent": 8,
+    "seed": 3,
+    "pass_threshold": 0.5,
+    "versions": {"palaestra": "0.1.0"},
+    "started_at": "2026-11-29T10:15:00Z",
+    "finished_at": None,
+    "status": "interrupted",
+    "counts": {"expected": 8, "saved": 0, "errors": 0},
+}
 
 
 def test_metadata_round_trips_and_keeps_the_saved_layout() -> None:

@@ -174,8 +174,21 @@ def test_a_damaged_results_line_is_skipped(saved_run: Path, line: bytes) -> None
         assert len(load_run(run_dir).rollouts) == 4  # the resume ran the damaged group again
 
 
-META_FIELDS = ["env_id", "env_args", "model", "base_url", "num_examples", "rollouts_per_example", "seed",
-               "sampling", "pass_threshold", "status", "summary", "counts", "run_id"]  # fmt: skip
+META_FIELDS = [
+    "env_id",
+    "env_args",
+    "model",
+    "base_url",
+    "num_examples",
+    "rollouts_per_example",
+    "seed",
+    "sampling",
+    "pass_threshold",
+    "status",
+    "summary",
+    "counts",
+    "run_id",
+]
 
 
 @FUZZ

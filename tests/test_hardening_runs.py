@@ -104,10 +104,18 @@ def test_resume_drops_damaged_lines_and_reruns_their_groups(
     run_dir = new_run(tmp_path / "out", "-n", "3", "-r", "2")
     results = run_dir / "results.jsonl"
     lines = results.read_text().splitlines(keepends=True)
-    (at,) = [i for i, line in enumerate(lines) if (json.loads(line)["example_id"], json.loads(line)["rollout_index"]) == (1, 0)]  # fmt: skip
+    (at,) = [
+        i
+        for i, line in enumerate(lines)
+        if (json.loads(line)["example_id"], json.loads(line)["rollout_index"]) == (1, 0)
+    ]
     row = json.loads(lines[at])
-    bad = {"example_id_x": json.dumps({**row, "example_id": "x"}) + "\n", "null": "null\n",
-           "json_string": json.dumps(lines[at]) + "\n", "torn": ""}[damage]  # fmt: skip
+    bad = {
+        "example_id_x": json.dumps({**row, "example_id": "x"}) + "\n",
+        "null": "null\n",
+        "json_string": json.dumps(lines[at]) + "\n",
+        "torn": "",
+    }[damage]
     tail = lines[at][:60] if damage == "torn" else ""  # a write cut short by a kill: no newline
     results.write_text("".join(lines[:at]) + bad + "".join(lines[at + 1 :]) + tail)
     policies.CALLS.clear()
@@ -298,8 +306,11 @@ def spawn_eval(tmp_path: Path, delay: float, *args: str) -> subprocess.Popen[str
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     return subprocess.Popen(
         [sys.executable, "-m", "palaestra.cli", "eval", *args, "-o", str(tmp_path / "out"), "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def wait_for(path_glob: str, root: Path, min_lines: int = 0, limit: float = 60) -> Path:

@@ -49,7 +49,9 @@ async def call(
         if body is None and data is None:
             request = session.get(url + path, headers=headers)
         else:
-            request = session.post(url + path, data=data if data is not None else orjson.dumps(body), headers=headers)  # fmt: skip
+            request = session.post(
+                url + path, data=data if data is not None else orjson.dumps(body), headers=headers
+            )
         async with request as resp:
             return resp.status, orjson.loads(await resp.read())
 
@@ -175,7 +177,9 @@ async def test_text_content_parts_are_joined_and_other_parts_are_refused() -> No
         assert status == 200 and body["choices"][0]["message"]["content"] == "echo: Say hi"
         assert policy.seen[-1][-1] == {"role": "user", "content": "Say hi"}
         split = [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]
-        assert (await call(url, "/chat/completions", chat_body(split)))[1]["choices"][0]["message"]["content"] == "echo: Say hi"  # fmt: skip
+        assert (await call(url, "/chat/completions", chat_body(split)))[1]["choices"][0]["message"][
+            "content"
+        ] == "echo: Say hi"
 
         image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
         for index, messages in [

@@ -99,8 +99,15 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
         dists = {}
         for name, (module, env_name, keywords, readme) in PACKAGES.items():
             hostile = {"description": MARKUP, "eval_defaults": f"{orjson.dumps(MARKUP).decode()} = 1\n"}
-            package = write_env_package(root / "src", name=name, module=module, env_name=env_name,
-                                        keywords=keywords, readme=readme, **(hostile if name == ECHO else {}))  # fmt: skip
+            package = write_env_package(
+                root / "src",
+                name=name,
+                module=module,
+                env_name=env_name,
+                keywords=keywords,
+                readme=readme,
+                **(hostile if name == ECHO else {}),
+            )
             dists[name] = build_dists(package, root / "dist" / name)
         # a wheel unzipped is an installed package: importlib.metadata finds its entry point on PYTHONPATH
         with zipfile.ZipFile(dists["palaestra-env-echo"][0]) as wheel:
@@ -109,9 +116,22 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
         env = {**os.environ, "PYTHONPATH": path}
         evals = {}
         for policy in ("solve", "lazy"):
-            evals[policy] = stack.enter_context(palaestra(
-                "eval", "echo", "-m", f"scripted:echo_env:{policy}", "-n", "8", "-r", "1",
-                "-o", str(root / policy), "--quiet", env=env))  # fmt: skip
+            evals[policy] = stack.enter_context(
+                palaestra(
+                    "eval",
+                    "echo",
+                    "-m",
+                    f"scripted:echo_env:{policy}",
+                    "-n",
+                    "8",
+                    "-r",
+                    "1",
+                    "-o",
+                    str(root / policy),
+                    "--quiet",
+                    env=env,
+                )
+            )
             stack.callback(evals[policy].kill)  # runs before the Popen's exit, which waits for it
         url, _ = stack.enter_context(hub_process(root / "data"))
         for paths in dists.values():
@@ -127,12 +147,30 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
 
 def add_old_file(data: HubData, user: Any) -> None:
     """A release an older hub took, as it would be in the data folder: yanked, with markup everywhere."""
-    fields = dict(summary=MARKUP, description=MARKUP, description_content_type="text/html", keywords=(MARKUP,),
-                  requires_dist=(MARKUP,), requires_python=MARKUP, environments=("echo",),
-                  eval_defaults={MARKUP: MARKUP}, project_urls=(("x", "javascript:window.pwned=8"),), license=MARKUP)  # fmt: skip
+    fields = dict(
+        summary=MARKUP,
+        description=MARKUP,
+        description_content_type="text/html",
+        keywords=(MARKUP,),
+        requires_dist=(MARKUP,),
+        requires_python=MARKUP,
+        environments=("echo",),
+        eval_defaults={MARKUP: MARKUP},
+        project_urls=(("x", "javascript:window.pwned=8"),),
+        license=MARKUP,
+    )
     payload = b"window.pwned = 9;\n"
-    dist = DistInfo(filename=OLD_FILE, kind="wheel", name=ECHO, display_name=ECHO, version="0.0.1",
-                    sha256="0" * 64, size=len(payload), metadata=b"Metadata-Version: 2.1\n", **fields)  # fmt: skip
+    dist = DistInfo(
+        filename=OLD_FILE,
+        kind="wheel",
+        name=ECHO,
+        display_name=ECHO,
+        version="0.0.1",
+        sha256="0" * 64,
+        size=len(payload),
+        metadata=b"Metadata-Version: 2.1\n",
+        **fields,
+    )
     with data.catalog.adding_file(user, dist):
         data.path(ECHO, OLD_FILE).parent.mkdir(parents=True, exist_ok=True)
         data.path(ECHO, OLD_FILE).write_bytes(payload)
@@ -147,13 +185,25 @@ def hostile_run(path: Path) -> Path:
     path.mkdir(parents=True)
     (path / RESULTS).write_text("")
     meta = {
-        "run_id": MARKUP, "env_id": "echo", "env_args": {"opponent": MARKUP}, "model": MARKUP,
-        "base_url": "http://user:hunter2@10.0.0.7:8000/v1", "sampling": {"temperature": 0.5, "extra": {MARKUP: MARKUP}},
-        "num_examples": 8, "rollouts_per_example": 1, "seed": 3, "status": "complete", "finished_at": MARKUP,
-        "versions": {"palaestra": MARKUP, "env_package": f"{ECHO} {MARKUP}"}, "counts": {"errors": 0},
-        "summary": {"n_examples": 8, "reward": {"mean": 0.75, "ci95": [0.5, 1.0], "n": 8},
-                    "metrics": {MARKUP: {"mean": 0.75}}},
-    }  # fmt: skip
+        "run_id": MARKUP,
+        "env_id": "echo",
+        "env_args": {"opponent": MARKUP},
+        "model": MARKUP,
+        "base_url": "http://user:hunter2@10.0.0.7:8000/v1",
+        "sampling": {"temperature": 0.5, "extra": {MARKUP: MARKUP}},
+        "num_examples": 8,
+        "rollouts_per_example": 1,
+        "seed": 3,
+        "status": "complete",
+        "finished_at": MARKUP,
+        "versions": {"palaestra": MARKUP, "env_package": f"{ECHO} {MARKUP}"},
+        "counts": {"errors": 0},
+        "summary": {
+            "n_examples": 8,
+            "reward": {"mean": 0.75, "ci95": [0.5, 1.0], "n": 8},
+            "metrics": {MARKUP: {"mean": 0.75}},
+        },
+    }
     (path / METADATA).write_bytes(orjson.dumps(meta))
     return path
 
@@ -193,8 +243,11 @@ def test_query_in_the_url_filters_on_the_server_and_in_the_page(hub: Hub) -> Non
     with urllib.request.urlopen(url + "?q=quiz", timeout=10) as response:
         served = response.read().decode()
     cards = re.findall(r'<li class="card"[^>]*?( hidden)?><h2><a href="env/([^/"]+)/"', served)
-    assert sorted(cards) == [("", "palaestra-env-quiz"), (" hidden", "palaestra-env-echo"),
-                             (" hidden", "palaestra-env-maze")]  # fmt: skip
+    assert sorted(cards) == [
+        ("", "palaestra-env-quiz"),
+        (" hidden", "palaestra-env-echo"),
+        (" hidden", "palaestra-env-maze"),
+    ]
     driver.get(url + "?q=quiz")
     assert visible_cards(driver) == ["palaestra-env-quiz"]
     assert driver.find_element(By.ID, "q").get_attribute("value") == "quiz"
@@ -233,13 +286,16 @@ def test_leaderboard_ranks_runs_and_links_their_reports(hub: Hub) -> None:
     url, driver, _ = hub
     driver.get(url + "env/palaestra-env-echo/")
     # the board of echo with its default arguments (the hostile run has its own)
-    board = driver.find_element(By.XPATH, "//section[@id='results']//h3[.//code[text()='default']]"
-                                "/following-sibling::div[1]//table")  # fmt: skip
+    board = driver.find_element(
+        By.XPATH, "//section[@id='results']//h3[.//code[text()='default']]/following-sibling::div[1]//table"
+    )
     head = [th.text for th in board.find_elements(By.CSS_SELECTOR, "thead th")]
     body = board.find_elements(By.CSS_SELECTOR, "tbody tr")
     rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in body]
-    assert [r[:3] for r in rows] == [["1", "scripted:echo_env:solve", "1.000"],
-                                     ["2", "scripted:echo_env:lazy", "0.500"]]  # fmt: skip
+    assert [r[:3] for r in rows] == [
+        ["1", "scripted:echo_env:solve", "1.000"],
+        ["2", "scripted:echo_env:lazy", "0.500"],
+    ]
     assert [r[head.index("n×r")] for r in rows] == ["8×1", "8×1"]
     assert [r[head.index("exact")] for r in rows] == ["1.000", "0.500"]  # the per-function column
     board.find_element(By.LINK_TEXT, "report").click()  # the first row's
@@ -274,9 +330,13 @@ def settle(driver: Any) -> None:
 
 def load_script(driver: Any, src: str) -> str:
     """Add ``<script src=src>`` to the page: "loaded" or "blocked" (by the page's policy or the MIME type)."""
-    return str(driver.execute_async_script(
-        "const done = arguments[1], s = document.createElement('script'); s.src = arguments[0];"
-        "s.onload = () => done('loaded'); s.onerror = () => done('blocked'); document.head.append(s);", src))  # fmt: skip
+    return str(
+        driver.execute_async_script(
+            "const done = arguments[1], s = document.createElement('script'); s.src = arguments[0];"
+            "s.onload = () => done('loaded'); s.onerror = () => done('blocked'); document.head.append(s);",
+            src,
+        )
+    )
 
 
 def assert_inert(driver: Any, page: str, file_url: str) -> None:
@@ -338,8 +398,19 @@ def static_server(folder: Path) -> Iterator[str]:
 def test_hostile_content_is_inert_in_the_static_export(hub: Hub) -> None:
     url, driver, root = hub
     out = root / "export"
-    finish(palaestra("hub", "export", str(out), "--data", str(root / "data"), "--url", "https://envs.example/",
-                     env=dict(os.environ)), timeout=60)  # fmt: skip
+    finish(
+        palaestra(
+            "hub",
+            "export",
+            str(out),
+            "--data",
+            str(root / "data"),
+            "--url",
+            "https://envs.example/",
+            env=dict(os.environ),
+        ),
+        timeout=60,
+    )
     # a page of the same origin without the pages' policy: there the old file does run, as a script
     (out / "probe.html").write_text("<!DOCTYPE html><title>probe</title><body></body>")
     with static_server(out) as base:

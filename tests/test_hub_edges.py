@@ -31,10 +31,17 @@ MAX_UPLOAD = 200_000
 def run_json(run_id: str = "run-1", **changes: Any) -> dict[str, Any]:
     """A complete run of the demo environment, as ``metadata.json`` holds it."""
     meta: dict[str, Any] = {
-        "run_id": run_id, "env_id": "demo", "env_args": {}, "model": "gpt-x", "num_examples": 4,
-        "rollouts_per_example": 1, "seed": 0, "status": "complete", "counts": {"errors": 0},
+        "run_id": run_id,
+        "env_id": "demo",
+        "env_args": {},
+        "model": "gpt-x",
+        "num_examples": 4,
+        "rollouts_per_example": 1,
+        "seed": 0,
+        "status": "complete",
+        "counts": {"errors": 0},
         "summary": {"n_examples": 4, "reward": {"mean": 0.5, "ci95": [0.1, 0.9], "n": 4}},
-    }  # fmt: skip
+    }
     meta.update(changes)
     return meta
 
@@ -76,11 +83,20 @@ async def send(url: str, request: bytes, *, close_after: int | None = None) -> t
 def post(path: str, token: str, body: tuple[bytes, bytes], *, extra: bytes = b"") -> bytes:
     content_type, payload = body
     return (
-        b"POST " + path.encode() + b" HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n"
-        + b"Authorization: Bearer " + token.encode() + b"\r\n"
+        b"POST "
+        + path.encode()
+        + b" HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n"
+        + b"Authorization: Bearer "
+        + token.encode()
+        + b"\r\n"
         + (b"Content-Type: " + content_type + b"\r\n" if content_type else b"")
-        + b"Content-Length: " + str(len(payload)).encode() + b"\r\n" + extra + b"\r\n" + payload
-    )  # fmt: skip
+        + b"Content-Length: "
+        + str(len(payload)).encode()
+        + b"\r\n"
+        + extra
+        + b"\r\n"
+        + payload
+    )
 
 
 def get(target: bytes, *, headers: bytes = b"") -> bytes:
@@ -106,8 +122,11 @@ def form(
 
 def state(data: HubData) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Every file of the data folder and every catalog row: a refused request changes neither."""
-    files = sorted(str(p.relative_to(data.root)) for p in data.root.rglob("*") if p.is_file() and
-                   not p.name.startswith("hub.sqlite3"))  # fmt: skip
+    files = sorted(
+        str(p.relative_to(data.root))
+        for p in data.root.rglob("*")
+        if p.is_file() and not p.name.startswith("hub.sqlite3")
+    )
     db = sqlite3.connect(data.root / "hub.sqlite3")
     tables = ("users", "tokens", "projects", "releases", "files", "results")
     rows = [(t, *r) for t in tables for r in db.execute(f"SELECT * FROM {t} ORDER BY id")]
@@ -117,17 +136,43 @@ def state(data: HubData) -> tuple[list[str], list[tuple[Any, ...]]]:
 
 def malformed_gets(result_id: int) -> list[bytes]:
     """GET requests with every kind of bad parameter, to every route that takes one."""
-    params = [b"%ZZ", b"%", b"%F", b"%FF%FE", b"%00", b"a%00b", b"..%2F..%2Fhub.sqlite3", b"%2e%2e", b"..",
-              b"%0D%0ALocation:%20x", b"A%0D%0AX", b"Palaestra_Env%00", b"x" * 4000, b"\xff\xfe",
-              b"%C0%AF", b"%E2%80%AE"]  # fmt: skip
+    params = [
+        b"%ZZ",
+        b"%",
+        b"%F",
+        b"%FF%FE",
+        b"%00",
+        b"a%00b",
+        b"..%2F..%2Fhub.sqlite3",
+        b"%2e%2e",
+        b"..",
+        b"%0D%0ALocation:%20x",
+        b"A%0D%0AX",
+        b"Palaestra_Env%00",
+        b"x" * 4000,
+        b"\xff\xfe",
+        b"%C0%AF",
+        b"%E2%80%AE",
+    ]
     targets = []
     for p in params:
-        targets += [b"/simple/" + p + b"/", b"/simple/" + p, b"/env/" + p + b"/", b"/env/" + p,
-                    b"/files/" + p + b"/" + p, b"/files/" + PROJECT.encode() + b"/" + p,
-                    b"/files/" + PROJECT.encode() + b"/" + p + b".metadata", b"/static/" + p,
-                    b"/?q=" + p + b"&tag=" + p, b"/simple/?format=" + p]  # fmt: skip
-    targets += [b"/results/" + b"9" * 30 + b"/report.html", b"/results/-1/report.html",
-                b"/results/" + str(result_id).encode() + b"%00/report.html"]  # fmt: skip
+        targets += [
+            b"/simple/" + p + b"/",
+            b"/simple/" + p,
+            b"/env/" + p + b"/",
+            b"/env/" + p,
+            b"/files/" + p + b"/" + p,
+            b"/files/" + PROJECT.encode() + b"/" + p,
+            b"/files/" + PROJECT.encode() + b"/" + p + b".metadata",
+            b"/static/" + p,
+            b"/?q=" + p + b"&tag=" + p,
+            b"/simple/?format=" + p,
+        ]
+    targets += [
+        b"/results/" + b"9" * 30 + b"/report.html",
+        b"/results/-1/report.html",
+        b"/results/" + str(result_id).encode() + b"%00/report.html",
+    ]
     requests = [get(t) for t in targets]
     headers = [
         b"X-Big: " + b"a" * 20_000 + b"\r\n",
@@ -139,8 +184,11 @@ def malformed_gets(result_id: int) -> list[bytes]:
     ]
     for h in headers:
         requests += [get(b"/", headers=h), get(b"/env/" + PROJECT.encode() + b"/", headers=h)]
-    requests += [b"GET /\x00 HTTP/1.1\r\nHost: hub\r\n\r\n", b"GET " + b"/a" * 6000 + b" HTTP/1.1\r\n\r\n",
-                 b"BREW / HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n"]  # fmt: skip
+    requests += [
+        b"GET /\x00 HTTP/1.1\r\nHost: hub\r\n\r\n",
+        b"GET " + b"/a" * 6000 + b" HTTP/1.1\r\n\r\n",
+        b"BREW / HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n",
+    ]
     return requests
 
 
@@ -193,19 +241,29 @@ def malformed_posts(alice: str, wheel: bytes) -> list[tuple[bytes, int | None]]:
         requests += [(post(path, alice, body), None) for body in bad_forms]
         whole = post(path, alice, form(content))
         requests += [(whole, len(whole) - 100), (whole, len(whole) // 2)]  # the body cut short
-        chunked = (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: hub\r\nConnection: close\r\nAuthorization: "
-                   b"Bearer " + alice.encode() + b"\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n"
-                   b"Transfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n0\r\n\r\n")  # fmt: skip
+        chunked = (
+            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: hub\r\nConnection: close\r\nAuthorization: "
+            b"Bearer " + alice.encode() + b"\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n0\r\n\r\n"
+        )
         requests.append((chunked, None))
     json = b"application/json"
-    for body in [b"", b"nope", b"[]", b'"x"', b"\xff", b'{"name": "demo"}', b'{"name": 1, "version": "0.2.0"}',
-                 b'{"name": "demo", "version": "0.2.0", "yanked": "false"}',
-                 b'{"name": "demo", "version": "0.2.0", "yanked": 0}',
-                 b'{"name": "demo", "version": "0.2.0", "reason": 5}',
-                 b'{"name": "demo", "version": "0.2.0", "extra": true}',
-                 b'{"name": "demo", "version": "0.2.0", "reason": "' + b"r" * 2000 + b'"}',
-                 b'{"name": "demo", "version": "' + b"9" * 70_000 + b'"}',
-                 b'{"name": "demo", "version": "' + b"9" * 5_000 + b'"}']:  # fmt: skip
+    for body in [
+        b"",
+        b"nope",
+        b"[]",
+        b'"x"',
+        b"\xff",
+        b'{"name": "demo"}',
+        b'{"name": 1, "version": "0.2.0"}',
+        b'{"name": "demo", "version": "0.2.0", "yanked": "false"}',
+        b'{"name": "demo", "version": "0.2.0", "yanked": 0}',
+        b'{"name": "demo", "version": "0.2.0", "reason": 5}',
+        b'{"name": "demo", "version": "0.2.0", "extra": true}',
+        b'{"name": "demo", "version": "0.2.0", "reason": "' + b"r" * 2000 + b'"}',
+        b'{"name": "demo", "version": "' + b"9" * 70_000 + b'"}',
+        b'{"name": "demo", "version": "' + b"9" * 5_000 + b'"}',
+    ]:
         requests.append((post("/api/yank", alice, (json, body)), None))
     requests.append(
         (post("/api/yank", alice, (b"text/plain", b'{"name": "demo", "version": "0.2.0"}')), None)
@@ -287,9 +345,12 @@ async def test_every_refused_upload_leaves_tmp_empty(hub: Hub, tmp_path: Path) -
         text_part("run", orjson.dumps(run_json("run-2"))),
         file_part("report", "r.html", b"<p>hi</p>"),
     )
-    chunked_head = (b"POST /legacy/ HTTP/1.1\r\nHost: hub\r\nConnection: close\r\nAuthorization: Bearer "
-                    + alice.encode() + b"\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n"
-                    b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+    chunked_head = (
+        b"POST /legacy/ HTTP/1.1\r\nHost: hub\r\nConnection: close\r\nAuthorization: Bearer "
+        + alice.encode()
+        + b"\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     big = form([file_part("content", new, bytes(MAX_UPLOAD + 1))])[1]
     chunked = (
         chunked_head
@@ -299,21 +360,65 @@ async def test_every_refused_upload_leaves_tmp_empty(hub: Hub, tmp_path: Path) -
     cases: dict[str, tuple[bytes, int | None, int]] = {  # what is sent, how much of it, the status
         "two content parts": (post("/legacy/", alice, form([content, content])), None, 400),
         "over the limit, without a length": (chunked, None, 413),
-        "over the limit, by its length": (post("/legacy/", alice, form([file_part("content", new, bytes(MAX_UPLOAD))])), None, 413),
-        "a corrupt wheel": (post("/legacy/", alice, form([file_part("content", new, wheel[:-30])])), None, 400),
-        "a bad file name": (post("/legacy/", alice, form([file_part("content", "x\x00.whl", wheel)])), None, 400),
-        "a digest that does not match": (post("/legacy/", alice, form([text_part("sha256_digest", b"0" * 64), content])), None, 400),
-        "another name in the form": (post("/legacy/", alice, form([text_part("name", b"palaestra-env-x"), content])), None, 400),
+        "over the limit, by its length": (
+            post("/legacy/", alice, form([file_part("content", new, bytes(MAX_UPLOAD))])),
+            None,
+            413,
+        ),
+        "a corrupt wheel": (
+            post("/legacy/", alice, form([file_part("content", new, wheel[:-30])])),
+            None,
+            400,
+        ),
+        "a bad file name": (
+            post("/legacy/", alice, form([file_part("content", "x\x00.whl", wheel)])),
+            None,
+            400,
+        ),
+        "a digest that does not match": (
+            post("/legacy/", alice, form([text_part("sha256_digest", b"0" * 64), content])),
+            None,
+            400,
+        ),
+        "another name in the form": (
+            post("/legacy/", alice, form([text_part("name", b"palaestra-env-x"), content])),
+            None,
+            400,
+        ),
         "a file that exists": (post("/legacy/", alice, form([file_part("content", WHEEL, old)])), None, 409),
         "another user's project": (post("/legacy/", bob, form([content])), None, 403),
-        "an unsupported action": (post("/legacy/", alice, form([content, text_part(":action", b"x")])), None, 400),
-        "a field after the file that is not UTF-8": (post("/legacy/", alice, form([content, text_part("name", b"\xff")])), None, 400),
+        "an unsupported action": (
+            post("/legacy/", alice, form([content, text_part(":action", b"x")])),
+            None,
+            400,
+        ),
+        "a field after the file that is not UTF-8": (
+            post("/legacy/", alice, form([content, text_part("name", b"\xff")])),
+            None,
+            400,
+        ),
         "a body cut after the file": (post("/legacy/", alice, form([content], end=False)), None, 400),
-        "a report with a bad run": (post("/api/results", alice, form([report, text_part("run", b"{}")])), None, 400),
-        "a report for no environment": (post("/api/results", alice, form([report, text_part("run", orjson.dumps(run_json("r", env_id="maze")))])), None, 404),
-        "a report of an attached run": (post("/api/results", alice, form([report, text_part("run", orjson.dumps(run_json()))])), None, 409),
+        "a report with a bad run": (
+            post("/api/results", alice, form([report, text_part("run", b"{}")])),
+            None,
+            400,
+        ),
+        "a report for no environment": (
+            post(
+                "/api/results",
+                alice,
+                form([report, text_part("run", orjson.dumps(run_json("r", env_id="maze")))]),
+            ),
+            None,
+            404,
+        ),
+        "a report of an attached run": (
+            post("/api/results", alice, form([report, text_part("run", orjson.dumps(run_json()))])),
+            None,
+            409,
+        ),
         "two reports": (post("/api/results", alice, form([report, report, run])), None, 400),
-    }  # fmt: skip
+    }
     before = state(data)
     for what, (request, cut, expected) in cases.items():
         status, body = await send(url, request, close_after=cut)

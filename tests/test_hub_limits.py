@@ -67,10 +67,36 @@ def zip_file(members: list[Member], *, prefix: bytes = b"", entries: int | None 
     for m in members:
         name = m.name.encode()
         offset = out.tell() - len(prefix)
-        out.write(struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, m.method, 0, 0, m.crc, len(m.data), m.size,
-                              len(name), 0) + name + m.data)  # fmt: skip
-        directory.write(struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, m.method, 0, 0, m.crc, len(m.data),
-                                    m.size, len(name), 0, 0, 0, 0, 0, offset) + name)  # fmt: skip
+        out.write(
+            struct.pack(
+                "<4s5H3L2H", b"PK\x03\x04", 20, 0, m.method, 0, 0, m.crc, len(m.data), m.size, len(name), 0
+            )
+            + name
+            + m.data
+        )
+        directory.write(
+            struct.pack(
+                "<4s6H3L5H2L",
+                b"PK\x01\x02",
+                20,
+                20,
+                0,
+                m.method,
+                0,
+                0,
+                m.crc,
+                len(m.data),
+                m.size,
+                len(name),
+                0,
+                0,
+                0,
+                0,
+                0,
+                offset,
+            )
+            + name
+        )
     start, cd = out.tell() - len(prefix), directory.getvalue()
     count = len(members) if entries is None else entries
     out.write(cd + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, count, count, len(cd), start, 0))
@@ -173,8 +199,11 @@ def test_data_before_the_first_member_is_refused(tmp_path: Path) -> None:
 def test_a_metadata_file_over_its_limit_is_refused(tmp_path: Path) -> None:
     members = wheel_members()
     members[f"{INFO}/METADATA"] += "x" * 2000
-    refused(write_wheel(tmp_path / WHEEL_NAME, members), f"{INFO}/METADATA is 2... bytes; the hub reads at most 1000",
-            Limits(metadata_bytes=1000))  # fmt: skip
+    refused(
+        write_wheel(tmp_path / WHEEL_NAME, members),
+        f"{INFO}/METADATA is 2... bytes; the hub reads at most 1000",
+        Limits(metadata_bytes=1000),
+    )
 
 
 # sdists
@@ -223,8 +252,11 @@ def test_an_sdist_member_over_the_default_50_mib_is_refused_from_its_header(tmp_
 
 def test_sdist_members_under_the_limit_are_refused_together_over_it(tmp_path: Path) -> None:
     members = {**sdist_members(), **{f"data{i}.txt": "x" * 3000 for i in range(4)}}
-    refused(write_sdist(tmp_path / SDIST_NAME, members), "the sdist is over 10000 bytes decompressed",
-            Limits(total_bytes=10_000))  # fmt: skip
+    refused(
+        write_sdist(tmp_path / SDIST_NAME, members),
+        "the sdist is over 10000 bytes decompressed",
+        Limits(total_bytes=10_000),
+    )
 
 
 def test_too_many_sdist_members_are_refused(tmp_path: Path) -> None:
@@ -316,8 +348,10 @@ async def test_bombs_sent_to_a_hub_with_its_default_limits_are_refused_and_leave
     token = data.catalog.new_token("alice")
     (tmp_path / "zip").mkdir()
     (tmp_path / "gz").mkdir()
-    zip_bomb = write(tmp_path / "zip" / WHEEL_NAME, zip_file([*valid_wheel_members(),
-                     Member("demo/data.bin", zeros(1024) + FINAL, 1024 * MiB)]))  # fmt: skip
+    zip_bomb = write(
+        tmp_path / "zip" / WHEEL_NAME,
+        zip_file([*valid_wheel_members(), Member("demo/data.bin", zeros(1024) + FINAL, 1024 * MiB)]),
+    )
     gzip_bomb = write(
         tmp_path / "gz" / SDIST_NAME, gzip_file(deflate(tar_bytes(sdist_members())) + zeros(1024))
     )

@@ -142,9 +142,11 @@ async def test_a_yanked_release_is_marked_and_skipped_unless_pinned(hub, dists) 
     await set_yanked(url, tokens["alice"], "echo", "0.2.0", reason="broken")
     page = orjson.loads((await get(f"{url}simple/palaestra-env-echo/", JSON))[1])
     assert {f["filename"]: f["yanked"] for f in page["files"]} == {
-        dists["v1"][0].name: False, dists["v1"][1].name: False,
-        dists["v2"][0].name: "broken", dists["v2"][1].name: "broken",
-    }  # fmt: skip
+        dists["v1"][0].name: False,
+        dists["v1"][1].name: False,
+        dists["v2"][0].name: "broken",
+        dists["v2"][1].name: "broken",
+    }
     assert b'data-yanked="broken"' in (await get(f"{url}simple/palaestra-env-echo/", "text/html"))[1]
     assert (await plan_install(url, "echo")).hub == ("palaestra-env-echo==0.1.0",)
     assert (await plan_install(url, "echo==0.2.0")).hub == ("palaestra-env-echo==0.2.0",)
@@ -196,8 +198,9 @@ async def test_refused_uploads_change_nothing(hub, dists, tmp_path: Path) -> Non
     # bob may publish a project of his own
     await upload(url, tokens["bob"], dists["other"])
     assert {p["name"]: p["owner"] for p in await projects(url)} == {
-        "palaestra-env-echo": "alice", "palaestra-env-maze": "bob"
-    }  # fmt: skip
+        "palaestra-env-echo": "alice",
+        "palaestra-env-maze": "bob",
+    }
 
 
 async def test_a_claimed_digest_that_does_not_match_is_refused(hub, dists) -> None:
@@ -255,13 +258,23 @@ def saved_run(path: Path, *, status: str = "complete", env_id: str = "echo", rew
     path.mkdir(parents=True)
     (path / RESULTS).write_text("")
     meta = {
-        "run_id": f"run-{path.name}", "env_id": env_id, "env_args": {}, "model": "gpt-x",
-        "sampling": {"temperature": 0.7, "max_tokens": 64}, "num_examples": 8, "rollouts_per_example": 2,
-        "seed": 3, "versions": {"palaestra": "0.1.0", "env_package": "palaestra-env-echo 0.1.0"},
-        "status": status, "counts": {"expected": 16, "saved": 16, "errors": 1},
-        "summary": {"n_examples": 8, "reward": {"mean": reward, "std": 0.1, "ci95": [reward - 0.1, reward + 0.1], "n": 16},
-                    "metrics": {"exact": {"mean": reward, "std": 0.1, "n": 16}}},
-    }  # fmt: skip
+        "run_id": f"run-{path.name}",
+        "env_id": env_id,
+        "env_args": {},
+        "model": "gpt-x",
+        "sampling": {"temperature": 0.7, "max_tokens": 64},
+        "num_examples": 8,
+        "rollouts_per_example": 2,
+        "seed": 3,
+        "versions": {"palaestra": "0.1.0", "env_package": "palaestra-env-echo 0.1.0"},
+        "status": status,
+        "counts": {"expected": 16, "saved": 16, "errors": 1},
+        "summary": {
+            "n_examples": 8,
+            "reward": {"mean": reward, "std": 0.1, "ci95": [reward - 0.1, reward + 0.1], "n": 16},
+            "metrics": {"exact": {"mean": reward, "std": 0.1, "n": 16}},
+        },
+    }
     (path / METADATA).write_bytes(orjson.dumps(meta))
     return path
 
@@ -350,10 +363,21 @@ async def test_every_response_is_nosniff_and_uploaded_files_are_sandboxed_attach
         status, _, headers = await get(f"{url}files/palaestra-env-echo/{path}")
         assert status == 200 and headers["X-Content-Type-Options"] == "nosniff", path
         assert headers["Content-Disposition"].startswith(f'attachment; filename="{path}"'), path
-        assert directives(headers["Content-Security-Policy"]) == {"default-src": "'none'", "sandbox": "",
-                                                                  "frame-ancestors": "'none'"}  # fmt: skip
-    for path, accept in (("", ""), ("env/palaestra-env-echo/", ""), ("simple/", JSON), ("simple/", "text/html"),
-                         ("api/projects.json", ""), ("static/hub.js", ""), ("nothing", ""), ("env/x/", "")):  # fmt: skip
+        assert directives(headers["Content-Security-Policy"]) == {
+            "default-src": "'none'",
+            "sandbox": "",
+            "frame-ancestors": "'none'",
+        }
+    for path, accept in (
+        ("", ""),
+        ("env/palaestra-env-echo/", ""),
+        ("simple/", JSON),
+        ("simple/", "text/html"),
+        ("api/projects.json", ""),
+        ("static/hub.js", ""),
+        ("nothing", ""),
+        ("env/x/", ""),
+    ):
         status, _, headers = await get(url + path, accept)
         assert headers["X-Content-Type-Options"] == "nosniff" and "Content-Security-Policy" in headers, path
     page_csp = directives((await get(url))[2]["Content-Security-Policy"])
@@ -382,9 +406,15 @@ async def test_results_show_only_what_a_leaderboard_needs_escaped(hub, dists, tm
     await upload(url, tokens["alice"], dists["v1"])
     run = saved_run(tmp_path / "a")
     meta = orjson.loads((run / "metadata.json").read_bytes())
-    meta.update(model=HOSTILE, base_url="http://user:hunter2@10.0.0.7:8000/v1", api_key_var="SECRET_KEY_VAR",
-                run_id=HOSTILE, finished_at=HOSTILE, env_args={"opponent": HOSTILE},
-                versions={"palaestra": HOSTILE, "env_package": f"palaestra-env-echo {HOSTILE}"})  # fmt: skip
+    meta.update(
+        model=HOSTILE,
+        base_url="http://user:hunter2@10.0.0.7:8000/v1",
+        api_key_var="SECRET_KEY_VAR",
+        run_id=HOSTILE,
+        finished_at=HOSTILE,
+        env_args={"opponent": HOSTILE},
+        versions={"palaestra": HOSTILE, "env_package": f"palaestra-env-echo {HOSTILE}"},
+    )
     meta["summary"]["metrics"] = {HOSTILE: {"mean": 0.5}}
     (run / "metadata.json").write_bytes(orjson.dumps(meta))
     await attach_results(url, tokens["bob"], run, with_report=False)
@@ -410,8 +440,13 @@ async def test_results_show_only_what_a_leaderboard_needs_escaped(hub, dists, tm
     assert "1 eval result · best 0.750 (&lt;img src=x onerror=&quot;window.pwned=1&quot;&gt;)" in home
     board = served[1][served[1].index('<section id="results">') :]
     assert " -b " not in board and html.escape(f"palaestra eval echo -m '{HOSTILE}'") in board
-    assert data.catalog.results("palaestra-env-echo")[0].keys() == {*RECORD_KEYS, "id", "has_report", "uploaded_at",
-                                                                   "uploader"}  # fmt: skip
+    assert data.catalog.results("palaestra-env-echo")[0].keys() == {
+        *RECORD_KEYS,
+        "id",
+        "has_report",
+        "uploaded_at",
+        "uploader",
+    }
 
 
 async def test_a_page_is_rendered_once_whatever_host_it_is_asked_for(hub, dists, monkeypatch) -> None:

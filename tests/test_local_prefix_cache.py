@@ -89,8 +89,10 @@ async def test_a_request_joining_a_busy_batch_mid_decode_replies_as_alone(model:
     target = user("two small red birds sat under the big tree.")
     alone = await alone_client.chat(target, sampling=SAMPLING.replace(seed=11, max_tokens=24))
     long = SAMPLING.replace(max_tokens=60)
-    others = [asyncio.create_task(busy.chat(user(f"{w} ran."), sampling=long.replace(seed=i))) for i, w in
-              enumerate(["the cat", "a dog", "one bird", "the red house"])]  # fmt: skip
+    others = [
+        asyncio.create_task(busy.chat(user(f"{w} ran."), sampling=long.replace(seed=i)))
+        for i, w in enumerate(["the cat", "a dog", "one bird", "the red house"])
+    ]
     while busy.stats.steps < 5:  # the other rows are decoding
         await asyncio.sleep(0.001)
     batches = busy.stats.batches

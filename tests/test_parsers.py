@@ -331,9 +331,28 @@ def test_think_format_reward_is_mean_over_messages() -> None:
 
 ALL_CHARS = st.characters(exclude_categories=())
 FRAGMENTS = [
-    "<answer>", "</answer>", "<final>", "</final>", "<think>", "</think>", "<", ">", "/",
-    "answer", "think", " ", "\n", "\x00", "\ud800", "é", "🙂", "<answer", "</", "4", "word",
-]  # fmt: skip
+    "<answer>",
+    "</answer>",
+    "<final>",
+    "</final>",
+    "<think>",
+    "</think>",
+    "<",
+    ">",
+    "/",
+    "answer",
+    "think",
+    " ",
+    "\n",
+    "\x00",
+    "\ud800",
+    "é",
+    "🙂",
+    "<answer",
+    "</",
+    "4",
+    "word",
+]
 PIECE = st.sampled_from(FRAGMENTS) | st.text(ALL_CHARS, max_size=4)
 TAGGY_TEXT = st.lists(PIECE, max_size=40).map("".join)
 ANY_TEXT = st.text(ALL_CHARS, max_size=200) | TAGGY_TEXT

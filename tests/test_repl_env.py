@@ -133,12 +133,17 @@ async def test_the_weaker_sandbox_is_named_in_the_metadata_and_the_summary(tmp_p
     assert "note: sandbox: weaker sandbox (rlimits only)" in console.export_text()
     assert live_workers() == 0
     if PROBLEM is None:  # the default sandbox says nothing
-        default = await pa.evaluate(pa.ReplEnv(dataset=[{"question": "go"}]), pa.ScriptedClient(code_policy("1")),
-                                    output_dir=None)  # fmt: skip
+        default = await pa.evaluate(
+            pa.ReplEnv(dataset=[{"question": "go"}]), pa.ScriptedClient(code_policy("1")), output_dir=None
+        )
         assert default.metadata.notes == {} and "notes" not in default.metadata.summary
 
 
 def test_a_mixture_names_the_weaker_sandbox_of_its_member() -> None:
-    group = pa.EnvGroup({"code": pa.ReplEnv(dataset=[{"question": "go"}], sandbox="rlimits"),
-                         "text": pa.load_environment("reverse_text", num_examples=2)})  # fmt: skip
+    group = pa.EnvGroup(
+        {
+            "code": pa.ReplEnv(dataset=[{"question": "go"}], sandbox="rlimits"),
+            "text": pa.load_environment("reverse_text", num_examples=2),
+        }
+    )
     assert group.run_notes() == {"code: sandbox": WEAK_NOTE}

@@ -307,10 +307,24 @@ def test_as_an_ordinary_user_the_sandbox_uses_a_user_namespace() -> None:
         script = Path(folder) / "as_user.py"
         script.write_text(AS_USER.replace("PATHS", repr(paths)).replace("COUNT", repr(COUNT_FORKS)))
         done = subprocess.run(
-            ["setpriv", "--reuid", "4321", "--regid", "4321", "--clear-groups", "env", "-i", "PATH=/usr/bin:/bin",
-             f"HOME={folder}", str(SYSTEM_PYTHON), str(script)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                "setpriv",
+                "--reuid",
+                "4321",
+                "--regid",
+                "4321",
+                "--clear-groups",
+                "env",
+                "-i",
+                "PATH=/usr/bin:/bin",
+                f"HOME={folder}",
+                str(SYSTEM_PYTHON),
+                str(script),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert lines[1].startswith("(4321, False, False)")  # its own uid; no /root, no /etc

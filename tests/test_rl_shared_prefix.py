@@ -58,11 +58,24 @@ def update(model: Any, reference: Any, share: bool) -> tuple[Any, dict]:
     backbone, head = backbone_and_head(model)
     model.train()
     stats = pu.policy_update(
-        model, head, backbone, optimizer, scheduler, sequences(model.config.vocab_size),
-        LossConfig("cispo", kl_beta=0.05), passes=2, micro_batch_tokens=96, max_grad_norm=1.0,
-        device=torch.device("cpu"), bf16=False, pad_id=0, temperature=0.9,
-        reference=backbone_and_head(reference), mismatch=MismatchConfig(tis_cap=2.0), share_prefix=share,
-    )  # fmt: skip
+        model,
+        head,
+        backbone,
+        optimizer,
+        scheduler,
+        sequences(model.config.vocab_size),
+        LossConfig("cispo", kl_beta=0.05),
+        passes=2,
+        micro_batch_tokens=96,
+        max_grad_norm=1.0,
+        device=torch.device("cpu"),
+        bf16=False,
+        pad_id=0,
+        temperature=0.9,
+        reference=backbone_and_head(reference),
+        mismatch=MismatchConfig(tis_cap=2.0),
+        share_prefix=share,
+    )
     return stats, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -109,9 +122,22 @@ def test_sequences_that_differ_from_the_start_share_nothing(tiny_model_dir: Path
     seqs[3] = TokenSequence([7, *seqs[3].input_ids[1:]], seqs[3].mask, seqs[3].sampler_logprobs, 0.5, 3)
     optimizer, scheduler, _ = optimizer_and_schedule(model, OptimConfig(lr=1e-2), 1, None)
     backbone, head = backbone_and_head(model)
-    stats = pu.policy_update(model, head, backbone, optimizer, scheduler, seqs, LossConfig("cispo"), passes=1,
-                             micro_batch_tokens=96, max_grad_norm=1.0, device=torch.device("cpu"), bf16=False,
-                             pad_id=0, share_prefix=True)  # fmt: skip
+    stats = pu.policy_update(
+        model,
+        head,
+        backbone,
+        optimizer,
+        scheduler,
+        seqs,
+        LossConfig("cispo"),
+        passes=1,
+        micro_batch_tokens=96,
+        max_grad_norm=1.0,
+        device=torch.device("cpu"),
+        bf16=False,
+        pad_id=0,
+        share_prefix=True,
+    )
     assert stats.shared_prefix == 0 and stats.grad_norm > 0
 
 

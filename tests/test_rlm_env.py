@@ -27,8 +27,10 @@ def sub_model(messages: pa.Messages) -> str:
 def rlm(**kwargs: Any) -> pa.RLMEnv:
     kwargs.setdefault("sub_client", pa.ScriptedClient(sub_model))
     kwargs.setdefault("limits", LIMITS)
-    return pa.RLMEnv(dataset=[{"question": "What is the value on line 4321?", "context": DOCUMENT, "answer": "30247"}],
-                     **kwargs)  # fmt: skip
+    return pa.RLMEnv(
+        dataset=[{"question": "What is the value on line 4321?", "context": DOCUMENT, "answer": "30247"}],
+        **kwargs,
+    )
 
 
 def tools(rollout: pa.Rollout) -> list[str]:

@@ -89,8 +89,24 @@ def test_the_cli_takes_a_list_of_endpoints(tmp_path: Path, capsys: pytest.Captur
         isinstance(client, RoutedClient) and client.base_url == "http://127.0.0.1:1/v1,http://127.0.0.1:2/v1"
     )
     with served_in_thread() as server:
-        code = main(["eval", "reverse_text", "-m", "fake-model", "-b", f"{free_port_url()},{server.base_url}",
-                     "--no-api-key", "-n", "4", "-r", "2", "--quiet", "-o", str(tmp_path)])  # fmt: skip
+        code = main(
+            [
+                "eval",
+                "reverse_text",
+                "-m",
+                "fake-model",
+                "-b",
+                f"{free_port_url()},{server.base_url}",
+                "--no-api-key",
+                "-n",
+                "4",
+                "-r",
+                "2",
+                "--quiet",
+                "-o",
+                str(tmp_path),
+            ]
+        )
     err = capsys.readouterr().err
     assert code == 0 and "palaestra: warning: cannot reach http://127.0.0.1:" in err
     (folder,) = (tmp_path / "evals" / "reverse_text--fake-model").iterdir()

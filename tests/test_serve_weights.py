@@ -58,8 +58,9 @@ def save_adapter(base: Path, path: Path, scale: float) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
-                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    )
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:

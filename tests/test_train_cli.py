@@ -24,11 +24,24 @@ def games(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rows = []
     for i in range(12):
         cell = i % 9
-        rows.append({"messages": [
-            {"role": "system", "content": "Play tic-tac-toe. Reply <think>...</think> then <move>N</move>."},
-            {"role": "user", "content": f"Free cells: {', '.join(str(c) for c in range(9))}. Your move."},
-            {"role": "assistant", "content": f"<think>Cell {cell} is free.</think>\n<move>{cell}</move>"},
-        ]})  # fmt: skip
+        rows.append(
+            {
+                "messages": [
+                    {
+                        "role": "system",
+                        "content": "Play tic-tac-toe. Reply <think>...</think> then <move>N</move>.",
+                    },
+                    {
+                        "role": "user",
+                        "content": f"Free cells: {', '.join(str(c) for c in range(9))}. Your move.",
+                    },
+                    {
+                        "role": "assistant",
+                        "content": f"<think>Cell {cell} is free.</think>\n<move>{cell}</move>",
+                    },
+                ]
+            }
+        )
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 

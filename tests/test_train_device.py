@@ -42,9 +42,14 @@ def test_auto_picks_cuda_when_torch_sees_a_gpu(gpu: Any) -> None:
 
 @pytest.mark.parametrize(
     "setting, device, bf16, expected",
-    [("auto", CUDA, True, True), ("auto", CUDA, False, False), ("auto", CPU, True, False),
-     ("bf16", CPU, True, True), ("no", CUDA, True, False)],
-)  # fmt: skip
+    [
+        ("auto", CUDA, True, True),
+        ("auto", CUDA, False, False),
+        ("auto", CPU, True, False),
+        ("bf16", CPU, True, True),
+        ("no", CUDA, True, False),
+    ],
+)
 def test_bf16_autocast_on_a_gpu_that_has_it_or_when_asked(
     gpu: Any, setting: str, device: Any, bf16: bool, expected: bool
 ) -> None:
@@ -76,9 +81,15 @@ def test_gradient_checkpointing_needs_prefix_sharing_off_in_sft(tmp_path: Path) 
 def sequences() -> list[TokenSequence]:
     """Two sampled replies to train on, with made-up sampler logprobs and advantages."""
     return [
-        TokenSequence([1, 5, 9, 13, 17, 2], [False, False, True, True, True, True], [0, 0, -3.0, -4.0, -2.5, -3.5], 0.7, 0),
+        TokenSequence(
+            [1, 5, 9, 13, 17, 2],
+            [False, False, True, True, True, True],
+            [0, 0, -3.0, -4.0, -2.5, -3.5],
+            0.7,
+            0,
+        ),
         TokenSequence([1, 6, 10, 14], [False, True, True, True], [0, -3.2, -2.0, -4.1], -0.4, 1),
-    ]  # fmt: skip
+    ]
 
 
 def update(model: Any, *, bf16: bool = False) -> tuple[Any, Any]:
@@ -86,8 +97,21 @@ def update(model: Any, *, bf16: bool = False) -> tuple[Any, Any]:
     optimizer, scheduler, _ = optimizer_and_schedule(model, OptimConfig(lr=1e-2), 1, None)
     backbone, head = backbone_and_head(model)
     model.train()
-    stats = policy_update(model, head, backbone, optimizer, scheduler, sequences(), LossConfig("cispo"),
-                          passes=1, micro_batch_tokens=64, max_grad_norm=1.0, device=CPU, bf16=bf16, pad_id=0)  # fmt: skip
+    stats = policy_update(
+        model,
+        head,
+        backbone,
+        optimizer,
+        scheduler,
+        sequences(),
+        LossConfig("cispo"),
+        passes=1,
+        micro_batch_tokens=64,
+        max_grad_norm=1.0,
+        device=CPU,
+        bf16=bf16,
+        pad_id=0,
+    )
     return stats, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

@@ -103,8 +103,11 @@ def test_sft_steps_at_2_processes_are_the_one_process_steps_and_checkpoints_load
     code = main(["train", "sft", "--resume", str(split), "--train.steps", "2", "--nproc", "2", "--quiet"])
     err = capsys.readouterr().err
     assert code == 0, err
-    assert_same_weights(weights(split / "checkpoints" / "step-000002"), weights(run / "checkpoints" / "step-000002"),
-                        atol=1e-4)  # fmt: skip  # 1% of one step of AdamW at lr 1e-2
+    assert_same_weights(
+        weights(split / "checkpoints" / "step-000002"),
+        weights(run / "checkpoints" / "step-000002"),
+        atol=1e-4,
+    )  # 1% of one step of AdamW at lr 1e-2
     one, two = metrics(run), metrics(split)
     assert [r["step"] for r in two] == [1, 2]  # rank 0 alone wrote the log: no step twice
     for key in ("loss", "grad_norm", "trained_tokens", "tokens"):
@@ -179,10 +182,22 @@ sample_every = 1
 sample_groups = 4
 """)
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(HERE / "distributed_rl.py"), str(tiny_model_dir), str(out), str(config)],
-        check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(HERE / "distributed_rl.py"),
+            str(tiny_model_dir),
+            str(out),
+            str(config),
+        ],
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     return out
 
 
@@ -242,13 +257,17 @@ def test_a_world_size_that_does_not_divide_the_batch_is_one_line_and_writes_noth
     assert capsys.readouterr().err == ""
     assert not (tmp_path / "run").exists()
     rl = tmp_path / "rl.toml"  # RL: the groups of a step are shared, never split
-    rl.write_text(f'[model]\npath = "{tiny_model_dir}"\n[env]\nid = "tictactoe"\n[train]\nbatch_size = 12\n'
-                  f'rollouts_per_example = 4\n[output]\ndir = "{tmp_path / "rl"}"\n')  # fmt: skip
+    rl.write_text(
+        f'[model]\npath = "{tiny_model_dir}"\n[env]\nid = "tictactoe"\n[train]\nbatch_size = 12\n'
+        f'rollouts_per_example = 4\n[output]\ndir = "{tmp_path / "rl"}"\n'
+    )
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["train", "rl", str(rl)]) == 2
-    assert "the groups of a step (train.batch_size / train.rollouts_per_example) (3) is not divisible by " \
-           "the world size (2 processes)" in capsys.readouterr().err  # fmt: skip
+    assert (
+        "the groups of a step (train.batch_size / train.rollouts_per_example) (3) is not divisible by "
+        "the world size (2 processes)" in capsys.readouterr().err
+    )
     assert not (tmp_path / "rl").exists()
     assert (
         main(

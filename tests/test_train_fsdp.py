@@ -85,10 +85,23 @@ def sharded_ranks(
     config = rl_config(out / "rl.toml", tiny_model_dir, out / "run", steps=2, fsdp=mode)
     pythonpath = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(HERE / "distributed_rl.py"), str(tiny_model_dir), str(out), str(config), request.param],
-        check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(HERE / "distributed_rl.py"),
+            str(tiny_model_dir),
+            str(out),
+            str(config),
+            request.param,
+        ],
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath},
+        timeout=300,
+    )
     return out
 
 
@@ -106,8 +119,17 @@ def test_a_sharded_rl_run_samples_locally_takes_the_one_process_steps_and_resume
 ) -> None:
     monkeypatch.syspath_prepend(str(sharded_ranks / "site"))  # length_toy, in this process too
     alone = tmp_path / "alone"
-    assert main(["train", "rl", str(rl_config(tmp_path / "rl.toml", tiny_model_dir, alone, steps=3, fsdp=False)),
-                 "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "rl",
+                str(rl_config(tmp_path / "rl.toml", tiny_model_dir, alone, steps=3, fsdp=False)),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     run = sharded_ranks / "run"
     one, two = metrics(alone), metrics(run)
     assert [r["step"] for r in two] == [0, 1, 2]  # rank 0 alone wrote the log; step 0: held-out games
@@ -119,7 +141,9 @@ def test_a_sharded_rl_run_samples_locally_takes_the_one_process_steps_and_resume
             assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-6), key
     for step in (1, 2):
         name = f"step-{step:06d}"
-        assert_same_weights(weights(run / "checkpoints" / name), weights(alone / "checkpoints" / name), atol=1e-4)  # fmt: skip
+        assert_same_weights(
+            weights(run / "checkpoints" / name), weights(alone / "checkpoints" / name), atol=1e-4
+        )
     # its full-state checkpoint (weights and AdamW's moments) goes on in one process, to step 3
     assert main(["train", "rl", "--resume", str(run), "--train.steps", "3", "--quiet"]) == 0
     assert_same_weights(weights(run / "final"), weights(alone / "final"), atol=1e-4)

@@ -71,8 +71,15 @@ def test_the_loss_applies_the_correction_to_the_policy_term_and_not_to_the_kl_te
     mask = torch.tensor([[True, True]])
     weights = torch.tensor([[0.5, 0.5]])
     correction = torch.tensor([[2.0, 0.0]])
-    inputs = LossInputs(logprobs, logprobs.detach(), torch.tensor([1.0]), mask, weights,
-                        ref_logprobs=torch.tensor([[-1.5, -2.5]]), correction=correction)  # fmt: skip
+    inputs = LossInputs(
+        logprobs,
+        logprobs.detach(),
+        torch.tensor([1.0]),
+        mask,
+        weights,
+        ref_logprobs=torch.tensor([[-1.5, -2.5]]),
+        correction=correction,
+    )
     out = compute_loss(inputs, LossConfig(name="dapo", kl_beta=0.1))
     # policy: -(0.5 * 2 * r * A + 0.5 * 0 * r * A) with r = 1, A = 1; KL: k3 of q = -0.5 at both tokens
     k3 = math.exp(-0.5) + 0.5 - 1

@@ -31,11 +31,22 @@ TINY = "vocab_size = 300\nhidden_size = 32\nintermediate_size = 64\nnum_layers =
 @pytest.fixture(scope="module")
 def games(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data") / "games.jsonl"
-    rows = [{"messages": [
-        {"role": "system", "content": "Play tic-tac-toe. Reply <think>...</think> then <move>N</move>."},
-        {"role": "user", "content": "Free cells: 0, 1, 2. Your move."},
-        {"role": "assistant", "content": f"<think>Cell {i % 3} is free.</think>\n<move>{i % 3}</move>"},
-    ]} for i in range(8)]  # fmt: skip
+    rows = [
+        {
+            "messages": [
+                {
+                    "role": "system",
+                    "content": "Play tic-tac-toe. Reply <think>...</think> then <move>N</move>.",
+                },
+                {"role": "user", "content": "Free cells: 0, 1, 2. Your move."},
+                {
+                    "role": "assistant",
+                    "content": f"<think>Cell {i % 3} is free.</think>\n<move>{i % 3}</move>",
+                },
+            ]
+        }
+        for i in range(8)
+    ]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 

@@ -143,9 +143,18 @@ def test_a_lora_run_samples_through_the_adapter(
 ) -> None:
     pytest.importorskip("peft")
     code, _, err = run_cli(
-        capsys, "train", "rl", config, "--quiet", "--lora.enabled", "true",
-        "--lora.target_modules", '["q_proj", "v_proj"]', "--train.steps", "1",
-    )  # fmt: skip
+        capsys,
+        "train",
+        "rl",
+        config,
+        "--quiet",
+        "--lora.enabled",
+        "true",
+        "--lora.target_modules",
+        '["q_proj", "v_proj"]',
+        "--train.steps",
+        "1",
+    )
     assert code == 0, err
     assert (tmp_path / "run" / "final" / "adapter").is_dir()
     record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[1])
@@ -294,9 +303,12 @@ def test_a_sampler_that_returns_no_token_ids_is_one_clear_error(tiny_model_dir: 
         async def aclose(self) -> None:
             pass
 
-    config = RLConfig(model=ModelConfig(path=str(tiny_model_dir)), env=EnvConfig(id="toy"),
-                      train=RLTrainConfig(steps=1, batch_size=8, rollouts_per_example=4),
-                      output=RLOutputConfig(dir=str(tmp_path / "run")))  # fmt: skip
+    config = RLConfig(
+        model=ModelConfig(path=str(tiny_model_dir)),
+        env=EnvConfig(id="toy"),
+        train=RLTrainConfig(steps=1, batch_size=8, rollouts_per_example=4),
+        output=RLOutputConfig(dir=str(tmp_path / "run")),
+    )
     import unittest.mock
 
     with unittest.mock.patch.object(rl, "LocalSampler", NoIds), pytest.raises(TrainingError) as caught:

@@ -179,8 +179,14 @@ def test_unknown_loss_is_a_clear_error() -> None:
 
 
 def turn(prompt: list[int], completion: list[int], finish: str = "stop") -> Turn:
-    return Turn(0, 0, finish_reason=finish, token_ids=completion, logprobs=[-0.1 * t for t in completion],
-                prompt_token_ids=prompt)  # fmt: skip
+    return Turn(
+        0,
+        0,
+        finish_reason=finish,
+        token_ids=completion,
+        logprobs=[-0.1 * t for t in completion],
+        prompt_token_ids=prompt,
+    )
 
 
 def test_a_multi_turn_rollout_whose_turns_chain_is_one_sequence_training_only_sampled_tokens() -> None:
@@ -262,8 +268,13 @@ def canonical_client(tokenizer: Any) -> pa.ScriptedClient:
     def reply(messages: pa.Messages, rng: Any) -> pa.ModelResponse:
         text = tictactoe.heuristic_player(messages, rng)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        return pa.ModelResponse({"role": "assistant", "content": text}, "stop", token_ids=ids,
-                                logprobs=[-0.5] * len(ids), prompt_token_ids=prompt_ids(tokenizer, messages))  # fmt: skip
+        return pa.ModelResponse(
+            {"role": "assistant", "content": text},
+            "stop",
+            token_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            prompt_token_ids=prompt_ids(tokenizer, messages),
+        )
 
     return pa.ScriptedClient(reply)
 

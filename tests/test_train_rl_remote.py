@@ -121,8 +121,9 @@ def test_a_remote_run_learns_exactly_as_the_local_one_with_a_sync_after_every_st
     port = free_port()
     local = write_config(tmp_path / "local.toml", tiny_model_dir, tmp_path / "local", max_concurrent=1)
     sampler = remote(port, command=serve_command(port))
-    served = write_config(tmp_path / "remote.toml", tiny_model_dir, tmp_path / "remote", sampler=sampler,
-                          max_concurrent=1)  # fmt: skip
+    served = write_config(
+        tmp_path / "remote.toml", tiny_model_dir, tmp_path / "remote", sampler=sampler, max_concurrent=1
+    )
     assert run_cli(capsys, local)[0] == 0
     code, err = run_cli(capsys, served)
     assert code == 0, err
@@ -249,8 +250,14 @@ def test_batches_sampled_ahead_are_never_more_than_k_steps_stale(
     capsys: pytest.CaptureFixture[str], tiny_model_dir: Path, tmp_path: Path, ahead: int
 ) -> None:
     port = free_port()
-    config = write_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", steps=4,
-                          max_off_policy_steps=ahead, sampler=remote(port, command=serve_command(port)))  # fmt: skip
+    config = write_config(
+        tmp_path / "rl.toml",
+        tiny_model_dir,
+        tmp_path / "run",
+        steps=4,
+        max_off_policy_steps=ahead,
+        sampler=remote(port, command=serve_command(port)),
+    )
     code, err = run_cli(
         capsys, config, "--loss.tis_cap", "2", "--loss.mis", "sequence"
     )  # with the corrections
@@ -322,17 +329,25 @@ def test_bad_sampler_input_is_one_line_and_exit_2_before_anything_is_written(
     port = free_port()  # nothing listens there
     dies = remote(port, command=f"{sys.executable} -c \"print('no GPU here'); raise SystemExit(3)\"")
     cases = [
-        (remote(port, weights_dir=str(tmp_path / "served")), "cannot reach the sampler server at http://127.0.0.1"),
-        (dies, f"exited with status 3 before it answered at http://127.0.0.1:{port}/v1; its last lines: no GPU here"),
-        (remote(port, command=serve_command(port, weight_sync=False)),
-         "has no /v1/load_lora_adapter or refused it (HTTP 404"),
+        (
+            remote(port, weights_dir=str(tmp_path / "served")),
+            "cannot reach the sampler server at http://127.0.0.1",
+        ),
+        (
+            dies,
+            f"exited with status 3 before it answered at http://127.0.0.1:{port}/v1; its last lines: no GPU here",
+        ),
+        (
+            remote(port, command=serve_command(port, weight_sync=False)),
+            "has no /v1/load_lora_adapter or refused it (HTTP 404",
+        ),
         ('[sampler]\nkind = "vllm"', 'kind = "vllm" needs url'),
         ('[sampler]\nurl = "http://127.0.0.1:1/v1"', 'url is for kind = "vllm"'),
         ('[sampler]\nkind = "vllm"\nurl = "ftp://x"', "the base URL must look like http://HOST:PORT/v1"),
         (remote(port, sync="lora", command="x"), 'sampler.sync = "lora" needs [lora] enabled'),
         (remote(port), "sampler.weights_dir: a server palaestra does not start"),
         (remote(port, weights_dir=str(tiny_model_dir)), "is model.path: palaestra would overwrite the model"),
-    ]  # fmt: skip
+    ]
     for i, (sampler, message) in enumerate(cases):
         lora = "lora_adapter" in message
         config = write_config(tmp_path / f"rl{i}.toml", tiny_model_dir, tmp_path / f"run{i}", sampler=sampler)
@@ -354,8 +369,15 @@ def test_a_server_that_dies_mid_run_stops_it_saved_and_the_run_resumes(
     run_dir = tmp_path / "run"
     # the 9th training reward is step 2's first (the held-out sets have an environment of their own):
     # one request at a time, its second group's requests are still to be sent then
-    config = write_config(tmp_path / "rl.toml", tiny_model_dir, run_dir, steps=3, sampler=sampler,
-                          env=f', kill_at = 9, pidfile = "{pidfile}"', max_concurrent=1)  # fmt: skip
+    config = write_config(
+        tmp_path / "rl.toml",
+        tiny_model_dir,
+        run_dir,
+        steps=3,
+        sampler=sampler,
+        env=f', kill_at = 9, pidfile = "{pidfile}"',
+        max_concurrent=1,
+    )
     code, err = run_cli(capsys, config)
     errors = [line for line in err.splitlines() if line.startswith("palaestra: error:")]
     assert code == 1 and len(errors) == 1, err

@@ -123,8 +123,15 @@ def sampled(folder: Path) -> tuple[list[Any], list[float]]:
     return ids, [x for r in rows for t in r.turns for x in t.logprobs or []]
 
 
-RANKS = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(HERE / "distributed_toy_rl.py")]  # fmt: skip
+RANKS = [
+    sys.executable,
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc-per-node",
+    "2",
+    str(HERE / "distributed_toy_rl.py"),
+]
 
 
 def test_two_ranks_share_one_remote_sampler_and_take_the_one_process_steps(
@@ -132,8 +139,9 @@ def test_two_ranks_share_one_remote_sampler_and_take_the_one_process_steps(
 ) -> None:
     port = free_port()
     config = toy_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", served(port))
-    done = subprocess.run([*RANKS, "train", "rl", str(config), "--quiet"], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [*RANKS, "train", "rl", str(config), "--quiet"], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert_same_run(tmp_path / "run", one_process)
     assert len((tmp_path / "run" / "sampler.log").read_text().splitlines()) > 0  # rank 0 alone ran it
@@ -149,10 +157,19 @@ def test_a_server_that_dies_mid_run_stops_both_ranks_in_one_line_and_the_run_res
     sampler = remote(port, command=serve_command(port, pidfile=pidfile))
     # 4 groups of 2 a step, 2 a rank, one request at a time on each: a rank's 5th training reward is
     # its first of step 2, and its second group of step 2 is still to be sampled then
-    config = write_config(tmp_path / "rl.toml", tiny_model_dir, run_dir, steps=3, sampler=sampler,
-                          env=f', kill_at = 5, pidfile = "{pidfile}"', max_concurrent=2, rollouts_per_example=2)  # fmt: skip
-    done = subprocess.run([*RANKS, "train", "rl", str(config), "--quiet"], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    config = write_config(
+        tmp_path / "rl.toml",
+        tiny_model_dir,
+        run_dir,
+        steps=3,
+        sampler=sampler,
+        env=f', kill_at = 5, pidfile = "{pidfile}"',
+        max_concurrent=2,
+        rollouts_per_example=2,
+    )
+    done = subprocess.run(
+        [*RANKS, "train", "rl", str(config), "--quiet"], capture_output=True, text=True, timeout=300
+    )
     errors = [line for line in done.stderr.splitlines() if line.startswith("palaestra: error:")]
     assert done.returncode != 0 and len(errors) == 1, done.stderr
     assert "step 2: the sampler server (sampler.command) was killed by signal 9" in errors[0]
@@ -213,8 +230,13 @@ def cluster() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     runtime_env = {"env_vars": {"PYTHONPATH": path}, "worker_process_setup_hook": "toy_rl_env.install"}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-             runtime_env=runtime_env)  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env=runtime_env,
+    )
     yield ray
     ray.shutdown()
 
@@ -244,8 +266,18 @@ def test_ray_workers_roll_out_the_one_process_batches_even_when_one_is_killed_mi
     port = free_port()
     config = toy_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", served(port))
     address = cluster.get_runtime_context().gcs_address  # the running cluster's: checked, then joined
-    code = main(["train", "rl", str(config), "--sampler.executor", f"ray={address}", "--sampler.workers", "2",
-                 "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "rl",
+            str(config),
+            "--sampler.executor",
+            f"ray={address}",
+            "--sampler.workers",
+            "2",
+            "--quiet",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     (executor,) = executors
     assert executor.stats.died == 1 and executor.stats.rerun >= 1 and executor.stats.started == 3

@@ -28,10 +28,18 @@ pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def games(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data") / "games.jsonl"
-    rows = [{"messages": [
-        {"role": "user", "content": "Free cells: 0, 1, 2. Your move."},
-        {"role": "assistant", "content": f"<think>Cell {i % 3} is free.</think>\n<move>{i % 3}</move>"},
-    ]} for i in range(8)]  # fmt: skip
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "Free cells: 0, 1, 2. Your move."},
+                {
+                    "role": "assistant",
+                    "content": f"<think>Cell {i % 3} is free.</think>\n<move>{i % 3}</move>",
+                },
+            ]
+        }
+        for i in range(8)
+    ]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 

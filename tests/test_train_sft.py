@@ -34,8 +34,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 tictactoe = pytest.importorskip("tictactoe")
 
-TINY = TinyModelConfig(vocab_size=600, hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
-                       num_kv_heads=2, max_positions=1024)  # fmt: skip
+TINY = TinyModelConfig(
+    vocab_size=600,
+    hidden_size=64,
+    intermediate_size=192,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    max_positions=1024,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -174,8 +181,12 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
         return loss * math.nan if len(calls) == 3 else loss  # one micro-batch a step here
 
     monkeypatch.setattr(sft, "token_loss_sum", nan_at_step_3)
-    config = tiny_config(teacher_data, tmp_path / "run", train={"steps": 5, "micro_batch_tokens": 8192},
-                         output={"save_every": 2})  # fmt: skip
+    config = tiny_config(
+        teacher_data,
+        tmp_path / "run",
+        train={"steps": 5, "micro_batch_tokens": 8192},
+        output={"save_every": 2},
+    )
     with pytest.raises(TrainingError) as caught:
         sft.train_sft(config, progress=False)
     message = str(caught.value)
@@ -190,8 +201,9 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
 
 def test_lora_checkpoints_are_plain_merged_models(teacher_data: Path, tmp_path: Path) -> None:
     lora = {"enabled": True, "rank": 4, "alpha": 8, "target_modules": ("q_proj", "v_proj", "down_proj")}
-    run_dir = sft.train_sft(tiny_config(teacher_data, tmp_path / "run", train={"steps": 2}, lora=lora),
-                            progress=False)  # fmt: skip
+    run_dir = sft.train_sft(
+        tiny_config(teacher_data, tmp_path / "run", train={"steps": 2}, lora=lora), progress=False
+    )
     final = run_dir / "final"
     assert (final / "adapter" / "adapter_config.json").is_file()
     config = json.loads((final / "config.json").read_text())
@@ -229,9 +241,11 @@ def test_bad_input_is_refused_before_any_work(teacher_data: Path, tmp_path: Path
     cases = [
         (tiny_config(tmp_path / "missing", out), "no such dataset folder"),
         (tiny_config(teacher_data, out, data={"max_length": 100}), "shorter than the prompt of row 0"),
-        (tiny_config(teacher_data, out, lora={"enabled": True, "target_modules": ("qkv_proj",)}),
-         "qkv_proj not in the model; its linear modules are: down_proj, gate_proj, k_proj, lm_head"),
-    ]  # fmt: skip
+        (
+            tiny_config(teacher_data, out, lora={"enabled": True, "target_modules": ("qkv_proj",)}),
+            "qkv_proj not in the model; its linear modules are: down_proj, gate_proj, k_proj, lm_head",
+        ),
+    ]
     for config, message in cases:
         with pytest.raises(ValueError, match=message):
             sft.train_sft(config, progress=False)

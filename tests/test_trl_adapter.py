@@ -70,15 +70,30 @@ def trainer_for(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     args = trl.GRPOConfig(
-        output_dir=str(tmp_path / "trl"), max_steps=2, per_device_train_batch_size=4,
-        num_generations=GROUP, learning_rate=1e-3, beta=0.0, gradient_checkpointing=False,
-        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
-        dataloader_num_workers=0, disable_tqdm=True, bf16=False,  # fp32, as palaestra samples on a CPU
-    )  # fmt: skip
+        output_dir=str(tmp_path / "trl"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=GROUP,
+        learning_rate=1e-3,
+        beta=0.0,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        bf16=False,  # fp32, as palaestra samples on a CPU
+    )
     return trl.GRPOTrainer(
-        model=model, processing_class=tokenizer, reward_funcs=reward, args=args,
-        train_dataset=train_dataset(env), rollout_func=rollouts,
-    )  # fmt: skip
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=train_dataset(env),
+        rollout_func=rollouts,
+    )
 
 
 async def palaestra_run(
@@ -112,8 +127,9 @@ def test_grpo_trains_on_the_rollouts_palaestra_samples(
     compute_loss = trainer.compute_loss
 
     def spy(model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        trained.append({**{k: v.clone() for k, v in inputs.items() if hasattr(v, "clone")},
-                        "training": model.training})  # fmt: skip
+        trained.append(
+            {**{k: v.clone() for k, v in inputs.items() if hasattr(v, "clone")}, "training": model.training}
+        )
         return compute_loss(model, inputs, *args, **kwargs)
 
     monkeypatch.setattr(trainer, "compute_loss", spy)

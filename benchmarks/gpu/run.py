@@ -76,8 +76,21 @@ def prepare(work: Path, *, allow_cpu: bool = False) -> dict[str, Any]:
     wheels = sorted((HERE / "wheels").glob("*.whl"))
     if missing and wheels:  # every wheel prepare.sh fetched, without resolving: the machine has the rest
         target = work / "site-packages"
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                        "--target", str(target), *map(str, wheels)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-index",
+                "--no-deps",
+                "--target",
+                str(target),
+                *map(str, wheels),
+            ],
+            check=True,
+        )
         sys.path.insert(0, str(target))
         missing = [name for name in CORE if _missing(name)]
     if missing:
@@ -98,9 +111,14 @@ def prepare(work: Path, *, allow_cpu: bool = False) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     if not cuda and not allow_cpu:
         raise SystemExit("no CUDA device: this script is for a GPU machine")
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
-            "peft": peft.__version__, "gpu": torch.cuda.get_device_name(0) if cuda else None,
-            "bf16": cuda and torch.cuda.is_bf16_supported()}  # fmt: skip
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "bf16": cuda and torch.cuda.is_bf16_supported(),
+    }
 
 
 def _missing(name: str) -> bool:
@@ -159,10 +177,17 @@ def sft(model: Path, work: Path, args: argparse.Namespace) -> str:
     """``examples/tictactoe/smollm2.toml`` at GPU sizes: full fine-tuning, bf16 autocast (auto), fused AdamW."""
     from palaestra.train import SFTConfig, load_config, train_sft
 
-    overrides = {"data.path": str(work / "teacher"), "model.path": str(model), "output.dir": str(work / "sft"),
-                 "train.steps": str(args.sft_steps), "train.batch_size": "32", "train.threads": str(args.threads),
-                 "train.micro_batch_tokens": str(args.micro_batch_tokens), "optim.lr": "5e-5",
-                 "output.save_every": "0"}  # fmt: skip
+    overrides = {
+        "data.path": str(work / "teacher"),
+        "model.path": str(model),
+        "output.dir": str(work / "sft"),
+        "train.steps": str(args.sft_steps),
+        "train.batch_size": "32",
+        "train.threads": str(args.threads),
+        "train.micro_batch_tokens": str(args.micro_batch_tokens),
+        "optim.lr": "5e-5",
+        "output.save_every": "0",
+    }
     config = load_config(SFTConfig, ROOT / "examples" / "tictactoe" / "smollm2.toml", overrides)
     train_sft(config, progress=None)
     return str(work / "sft" / "final")
@@ -175,13 +200,24 @@ def rl(work: Path, args: argparse.Namespace, *, deadline: float) -> str:
     from palaestra.train.rl import train_rl
     from palaestra.train.rl_config import RLConfig
 
-    sets = ", ".join(f"{{name = '{o}', args = {{opponent = '{o}', num_examples = {args.eval_games}, seed = 1000}}}}"
-                     for o in ("random", "optimal"))  # fmt: skip
-    overrides = {"model.path": str(work / "sft" / "final"), "output.dir": str(work / "rl"),
-                 "train.steps": str(args.rl_steps), "train.batch_size": str(args.games_per_step),
-                 "train.max_concurrent": str(args.games_per_step), "train.micro_batch_tokens": str(2 * args.micro_batch_tokens),
-                 "train.threads": str(args.threads), "eval.every": "0", "eval.num_examples": str(args.eval_games),
-                 "eval.sets": f"[{sets}]", "output.save_every": "5", "output.sample_every": "10"}  # fmt: skip
+    sets = ", ".join(
+        f"{{name = '{o}', args = {{opponent = '{o}', num_examples = {args.eval_games}, seed = 1000}}}}"
+        for o in ("random", "optimal")
+    )
+    overrides = {
+        "model.path": str(work / "sft" / "final"),
+        "output.dir": str(work / "rl"),
+        "train.steps": str(args.rl_steps),
+        "train.batch_size": str(args.games_per_step),
+        "train.max_concurrent": str(args.games_per_step),
+        "train.micro_batch_tokens": str(2 * args.micro_batch_tokens),
+        "train.threads": str(args.threads),
+        "eval.every": "0",
+        "eval.num_examples": str(args.eval_games),
+        "eval.sets": f"[{sets}]",
+        "output.save_every": "5",
+        "output.sample_every": "10",
+    }
     config = load_config(RLConfig, ROOT / "examples" / "tictactoe" / "smollm2-rl.toml", overrides)
 
     def out_of_time(*_: Any) -> None:  # as Ctrl-C: the run's event loop cancels it and cleans up
@@ -207,8 +243,10 @@ def evaluations(run_dir: Path) -> dict[str, Any]:
     return {
         f"step {r['step']}": {o: {k: r.get(f"eval/{o}/{k}") for k in keys} for o in ("random", "optimal")}
         for r in (played[:1] + played[-1:] if len(played) > 1 else played)
-    } | {"rl_steps_done": max((r["step"] for r in records), default=0),
-         "rl_step_seconds": [round(r["seconds"], 2) for r in records if r["step"] > 0]}  # fmt: skip
+    } | {
+        "rl_steps_done": max((r["step"] for r in records), default=0),
+        "rl_step_seconds": [round(r["seconds"], 2) for r in records if r["step"] > 0],
+    }
 
 
 def collect_outputs(work: Path, out: Path, summary: dict[str, Any]) -> None:

@@ -35,10 +35,15 @@ def make_document(rng: random.Random, records: int) -> tuple[str, list[dict[str,
     names = rng.sample([f"{f} {s}" for f in FIRST for s in LAST], min(records, len(FIRST) * len(LAST)))
     names += [f"{rng.choice(FIRST)} {rng.choice(LAST)}-{i}" for i in range(records - len(names))]
     people = [
-        {"name": n, "age": rng.randint(18, 90), "city": rng.choice(CITIES), "trade": rng.choice(TRADES),
-         "cats": rng.randint(0, 5)}
+        {
+            "name": n,
+            "age": rng.randint(18, 90),
+            "city": rng.choice(CITIES),
+            "trade": rng.choice(TRADES),
+            "cats": rng.randint(0, 5),
+        }
         for n in names
-    ]  # fmt: skip
+    ]
     lines = [
         f"Record {i:05d}: {p['name']}, {p['age']}, lives in {p['city']}, works as a {p['trade']}, owns {p['cats']} cats."
         for i, p in enumerate(people)

@@ -107,23 +107,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     serve.add_argument("--max-batch-size", type=int, default=64)
     serve.add_argument(
-        "--served-model-name", action="append", default=[], metavar="NAME",
+        "--served-model-name",
+        action="append",
+        default=[],
+        metavar="NAME",
         help="another model name to answer to (repeatable); the MODEL argument is always one",
-    )  # fmt: skip
+    )
     serve.add_argument(
-        "--api-key-var", default=API_KEY_VAR,
+        "--api-key-var",
+        default=API_KEY_VAR,
         help=f"require 'Authorization: Bearer KEY' with KEY from this env var (default {API_KEY_VAR}, if set)",
-    )  # fmt: skip
+    )
     serve.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body accepted (16)")
     serve.add_argument(
-        "--access-log", action="store_true",
+        "--access-log",
+        action="store_true",
         help="a line per request on stderr: client, request line, status, bytes, seconds (no headers)",
-    )  # fmt: skip
+    )
     serve.add_argument(
-        "--enable-weight-sync", action="store_true",
+        "--enable-weight-sync",
+        action="store_true",
         help="accept the weight-sync requests of an RL trainer (vLLM's load_lora_adapter, "
         "unload_lora_adapter, collective_rpc reload_weights, reset_prefix_cache); MODEL must be a folder",
-    )  # fmt: skip
+    )
     serve.set_defaults(func=cmd_serve)
 
     init = sub.add_parser("init", help="create a new environment package")
@@ -143,9 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     envs = sub.add_parser("envs", help="list installed environments (or, with --hub, a hub's)")
     envs.add_argument(
-        "--hub", nargs="?", const="", default=None, metavar="URL",
+        "--hub",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="URL",
         help="list the environments on a hub instead (default URL: $PALAESTRA_HUB_URL)",
-    )  # fmt: skip
+    )
     envs.set_defaults(func=cmd_envs)
     return parser
 
@@ -224,9 +234,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         weights_from = str(folder)
     client = load_local(args.model.removeprefix(LOCAL_PREFIX), max_batch_size=args.max_batch_size)
     names = [args.model, *args.served_model_name]
-    serve(client, host=args.host, port=args.port, model_names=names, api_key=api_key,
-          max_body_bytes=int(args.max_body_mb * 1024 * 1024), weights_from=weights_from,
-          access_log=args.access_log)  # fmt: skip
+    serve(
+        client,
+        host=args.host,
+        port=args.port,
+        model_names=names,
+        api_key=api_key,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        weights_from=weights_from,
+        access_log=args.access_log,
+    )
     return 0
 
 

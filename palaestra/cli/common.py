@@ -46,16 +46,21 @@ def parse_json_object(text: str, flag: str) -> dict[str, Any]:
 
 def add_client_arguments(parser: argparse.ArgumentParser, *, model_required: bool) -> None:
     parser.add_argument(
-        "-m", "--model", required=model_required, default=None,
+        "-m",
+        "--model",
+        required=model_required,
+        default=None,
         help="smollm2 (the embedded default), local:PATH_OR_HUB_ID, a model name at the endpoint (-b), "
         "or scripted:MODULE:FUNCTION for a Python policy",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "-b", "--base-url", default=None,
+        "-b",
+        "--base-url",
+        default=None,
         help=f"OpenAI-compatible endpoint, or several of one model: URL1,URL2,... (least-pending routing, "
         f"a group's requests to one endpoint); given, it is always used, even with -m smollm2 "
         f"(default for API models: {DEFAULT_BASE_URL})",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "-k", "--api-key-var", default=None, help=f"env var holding the API key (default {DEFAULT_KEY_VAR})"
     )

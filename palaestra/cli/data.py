@@ -29,17 +29,22 @@ def add_data_parser(sub: Any) -> None:
     keep.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     keep.add_argument("-o", "--output", type=Path, required=True, help="dataset folder to create")
     keep.add_argument(
-        "-w", "--where", action="append", default=[], metavar="CONDITION",
+        "-w",
+        "--where",
+        action="append",
+        default=[],
+        metavar="CONDITION",
         help="e.g. 'won == 1 or drew == 1', 'reward >= 0.5', 'format_reward == 1' (repeatable: all must hold)",
-    )  # fmt: skip
+    )
     keep.add_argument("--keep-errors", action="store_true", help="keep rollouts that failed")
     keep.add_argument(
         "--keep-truncated", action="store_true", help="keep rollouts whose last reply hit max_tokens"
     )
     keep.add_argument(
-        "--drop-flagged", action="store_true",
+        "--drop-flagged",
+        action="store_true",
         help="also drop rollouts with a reply not to imitate (cut at max_tokens, empty/missing <think>, a refusal)",
-    )  # fmt: skip
+    )
     keep.add_argument(
         "--jsonl", type=Path, default=None, metavar="PATH", help="also write the rows as JSON lines"
     )

@@ -33,13 +33,19 @@ def add_env_parser(sub: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8100, help="0 picks a free port")
     serve.add_argument(
-        "--idle-timeout", type=_positive, default=300.0, metavar="SECONDS",
+        "--idle-timeout",
+        type=_positive,
+        default=300.0,
+        metavar="SECONDS",
         help="end an episode whose next step has not come within this time (300)",
-    )  # fmt: skip
+    )
     serve.add_argument(
-        "--keep-finished", type=_positive, default=None, metavar="SECONDS",
+        "--keep-finished",
+        type=_positive,
+        default=None,
+        metavar="SECONDS",
         help="release a finished episode (its result) this long after it ended (default: --idle-timeout)",
-    )  # fmt: skip
+    )
     serve.add_argument("--max-episodes", type=int, default=1024, help="episodes open at once (1024)")
     serve.set_defaults(func=cmd_env_serve)
 
@@ -54,8 +60,10 @@ def cmd_env_serve(args: argparse.Namespace) -> int:
     if not env.examples:
         raise UsageError(f"environment {args.env!r} has no examples to serve")
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"palaestra: warning: serving {args.env} on {args.host}: anyone who can reach it can use it",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"palaestra: warning: serving {args.env} on {args.host}: anyone who can reach it can use it",
+            file=sys.stderr,
+        )
     serve_env(
         env,
         name=args.env,

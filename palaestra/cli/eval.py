@@ -61,23 +61,36 @@ def add_eval_arguments(ev: argparse.ArgumentParser) -> None:
     ev.add_argument("-S", "--sampling", default=None, help="JSON sampling args, e.g. '{\"top_p\": 0.9}'")
     ev.add_argument("--seed", type=int, default=None, help="default 0")
     ev.add_argument(
-        "--max-failures-in-a-row", type=int, default=20, metavar="N",
+        "--max-failures-in-a-row",
+        type=int,
+        default=20,
+        metavar="N",
         help="stop (resumable) after N model requests in a row fail; 0 never stops (20)",
-    )  # fmt: skip
+    )
     ev.add_argument("-o", "--output-dir", type=Path, default=None, help="default ./outputs")
     ev.add_argument(
-        "--resume", type=Path, default=None, metavar="RUN_DIR",
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
         help=f"finish an interrupted run with its saved settings (may change: {RESUME_KEEPS})",
-    )  # fmt: skip
+    )
     ev.add_argument("--save-dataset", type=Path, default=None, metavar="PATH", help="also save a HF dataset")
     ev.add_argument("--quiet", action="store_true", help="plain progress lines, no sample rollout")
     ev.add_argument(
-        "--executor", default="local", metavar="local|ray[=ADDRESS]",
+        "--executor",
+        default="local",
+        metavar="local|ray[=ADDRESS]",
         help="where rollouts run: this process (local, the default), Ray workers on a new local cluster "
         "(ray) or on a running one (ray=auto, ray=HOST:PORT, ray=ray://HOST:PORT); see docs/scaling.md",
-    )  # fmt: skip
-    ev.add_argument("--workers", type=int, default=None, metavar="N",
-                    help="Ray rollout workers (default: one per CPU of the cluster)")  # fmt: skip
+    )
+    ev.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Ray rollout workers (default: one per CPU of the cluster)",
+    )
 
 
 @dataclass(frozen=True)
@@ -192,8 +205,9 @@ def _executor(args: argparse.Namespace, settings: Settings) -> RayExecutor | Non
             "(palaestra serve, vLLM) and give its endpoint with -b"
         )
     try:
-        return RayExecutor(settings.env_id, settings.env_args, settings.client,
-                           address=address or None, workers=args.workers)  # fmt: skip
+        return RayExecutor(
+            settings.env_id, settings.env_args, settings.client, address=address or None, workers=args.workers
+        )
     except ExecutorError as exc:
         raise UsageError(str(exc)) from None
 
@@ -255,8 +269,13 @@ def _spec(**fields: Any) -> RunSpec:
         return RunSpec(**fields)
     except ValueError as exc:
         message = str(exc)
-        for name, flag in (("num_examples", "-n"), ("rollouts_per_example", "-r"), ("max_concurrent", "-c"),
-                           ("seed", "--seed"), ("max_failures_in_a_row", "--max-failures-in-a-row")):  # fmt: skip
+        for name, flag in (
+            ("num_examples", "-n"),
+            ("rollouts_per_example", "-r"),
+            ("max_concurrent", "-c"),
+            ("seed", "--seed"),
+            ("max_failures_in_a_row", "--max-failures-in-a-row"),
+        ):
             if message.startswith(name):
                 message = flag + message.removeprefix(name)
         raise UsageError(message) from None
@@ -265,9 +284,21 @@ def _spec(**fields: Any) -> RunSpec:
 def _resume_settings(args: argparse.Namespace) -> Settings:
     """The saved run's own settings; only how the model is reached and the concurrency may change."""
     meta = RunStore.open(args.resume).read_metadata()
-    given = [flag for flag, value in (("ENV", args.env), ("-a", args.env_args), ("-n", args.num_examples),
-             ("-r", args.rollouts_per_example), ("-S", args.sampling), ("-t", args.max_tokens),
-             ("-T", args.temperature), ("--seed", args.seed), ("-o", args.output_dir)) if value is not None]  # fmt: skip
+    given = [
+        flag
+        for flag, value in (
+            ("ENV", args.env),
+            ("-a", args.env_args),
+            ("-n", args.num_examples),
+            ("-r", args.rollouts_per_example),
+            ("-S", args.sampling),
+            ("-t", args.max_tokens),
+            ("-T", args.temperature),
+            ("--seed", args.seed),
+            ("-o", args.output_dir),
+        )
+        if value is not None
+    ]
     if given:
         raise UsageError(
             f"--resume uses the run's saved settings; drop {', '.join(given)} (it may change {RESUME_KEEPS})"

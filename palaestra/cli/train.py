@@ -88,9 +88,12 @@ def add_train_parser(subparsers: Any) -> None:
             "--quiet", action="store_true", help="plain progress lines instead of a progress bar"
         )
         command.add_argument(
-            "--nproc", type=int, default=None, metavar="N",
+            "--nproc",
+            type=int,
+            default=None,
+            metavar="N",
             help="train data-parallel on N processes of this machine (torchrun; gloo on CPU, NCCL on GPUs)",
-        )  # fmt: skip
+        )
         command.set_defaults(func=functools.partial(_train, kind=kind))
 
     curves = commands.add_parser("curves", help="write the loss curves of training runs as one HTML page")
@@ -145,8 +148,9 @@ def _run(args: argparse.Namespace, kind: str) -> int:
         raise UsageError(one_line(exc)) from None
     except KeyboardInterrupt:
         run_dir = args.resume or Path(config.output.dir)
-        raise KeyboardInterrupt(f"interrupted; continue from the last checkpoint with: "
-                                f"palaestra train {kind} --resume {run_dir}") from None  # fmt: skip
+        raise KeyboardInterrupt(
+            f"interrupted; continue from the last checkpoint with: palaestra train {kind} --resume {run_dir}"
+        ) from None
     return 0
 
 

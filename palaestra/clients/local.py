@@ -120,8 +120,9 @@ class LocalClient:
         try:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as exc:
-            raise ImportError(f"LocalClient needs torch and transformers ({exc}): "
-                              "pip install 'palaestra[local]'") from exc  # fmt: skip
+            raise ImportError(
+                f"LocalClient needs torch and transformers ({exc}): pip install 'palaestra[local]'"
+            ) from exc
         from palaestra.clients.default_model import resolve_model
 
         path = resolve_model(str(model))
@@ -135,8 +136,15 @@ class LocalClient:
             tokenizer.chat_template = chat_template
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **options)
         hf_model = hf_model.to(torch_device)  # type: ignore[arg-type]  # a transformers decorator hides .to()'s signature
-        self._setup(hf_model, tokenizer, name or str(model), max_batch_size, batch_window, max_tokens,
-                    prefix_cache_bytes)  # fmt: skip
+        self._setup(
+            hf_model,
+            tokenizer,
+            name or str(model),
+            max_batch_size,
+            batch_window,
+            max_tokens,
+            prefix_cache_bytes,
+        )
 
     @classmethod
     def from_model(
@@ -152,8 +160,15 @@ class LocalClient:
     ) -> LocalClient:
         """A client over an already loaded model and tokenizer (kept as they are: device, dtype)."""
         client = cls.__new__(cls)
-        client._setup(hf_model, tokenizer, name or hf_model.name_or_path, max_batch_size, batch_window,
-                      max_tokens, prefix_cache_bytes)  # fmt: skip
+        client._setup(
+            hf_model,
+            tokenizer,
+            name or hf_model.name_or_path,
+            max_batch_size,
+            batch_window,
+            max_tokens,
+            prefix_cache_bytes,
+        )
         return client
 
     def _setup(
@@ -169,8 +184,10 @@ class LocalClient:
         from palaestra.clients.local_engine import Engine
 
         if max_batch_size < 1 or window < 0 or max_tokens < 1 or prefix_cache_bytes < 0:
-            raise ValueError("max_batch_size and max_tokens must be at least 1, batch_window and "
-                             "prefix_cache_bytes at least 0")  # fmt: skip
+            raise ValueError(
+                "max_batch_size and max_tokens must be at least 1, batch_window and "
+                "prefix_cache_bytes at least 0"
+            )
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"the tokenizer of {name} has no chat template")
         self.model = name
@@ -265,8 +282,10 @@ class LocalClient:
         if context is not None:  # refuse a huge prompt before tokenising it (that alone can take minutes)
             chars = sum(len(content_text(m.get("content"))) for m in messages if isinstance(m, dict))
             if chars > MAX_CHARS_PER_TOKEN * context:
-                raise ValueError(f"the prompt is {chars:,} characters: far more than the {context} tokens "
-                                 f"{self.model} takes")  # fmt: skip
+                raise ValueError(
+                    f"the prompt is {chars:,} characters: far more than the {context} tokens "
+                    f"{self.model} takes"
+                )
         stop = [sampling.stop] if isinstance(sampling.stop, str) else [s for s in sampling.stop or [] if s]
         seed = self._entropy.getrandbits(63) if sampling.seed is None else sampling.seed
         return Request(messages, tools, temperature, top_p, max(top_k, 0), max_tokens, stop, seed, loop)
@@ -309,8 +328,10 @@ class LocalClient:
             raise KeyError(f"{len(unknown)} names are not in the model, e.g. {unknown[:3]}")
         wrong = [k for k, v in state_dict.items() if tuple(v.shape) != tuple(own[k].shape)]
         if wrong:
-            raise ValueError(f"shape mismatch for {wrong[:3]}: e.g. {tuple(state_dict[wrong[0]].shape)} "
-                             f"given, {tuple(own[wrong[0]].shape)} in the model")  # fmt: skip
+            raise ValueError(
+                f"shape mismatch for {wrong[:3]}: e.g. {tuple(state_dict[wrong[0]].shape)} "
+                f"given, {tuple(own[wrong[0]].shape)} in the model"
+            )
         with torch.no_grad():
             for key, value in state_dict.items():
                 own[key].copy_(value)

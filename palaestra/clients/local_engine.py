@@ -103,8 +103,10 @@ class Engine:
         text_config = model.config.get_text_config(decoder=True)
         kinds = set(getattr(text_config, "layer_types", None) or ["full_attention"])
         if not kinds <= ATTENTION_LAYERS:  # the running batch keeps key/value states only
-            raise ValueError(f"LocalClient runs attention-only decoders; {client.model} has layers of "
-                             f"types {sorted(kinds - ATTENTION_LAYERS)}")  # fmt: skip
+            raise ValueError(
+                f"LocalClient runs attention-only decoders; {client.model} has layers of "
+                f"types {sorted(kinds - ATTENTION_LAYERS)}"
+            )
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in client.forward_args else {}
         self._cache_arg = "cache" if "cache" in client.forward_args else "past_key_values"
         self._context = getattr(model.config, "max_position_embeddings", None)
@@ -224,8 +226,9 @@ class Engine:
             if self._context is not None:
                 room = self._context - len(ids)
                 if room < 1:
-                    raise ValueError(f"the prompt is {len(ids)} tokens; {client.model} takes at most "
-                                     f"{self._context}")  # fmt: skip
+                    raise ValueError(
+                        f"the prompt is {len(ids)} tokens; {client.model} takes at most {self._context}"
+                    )
                 request.max_tokens = min(request.max_tokens, room)
         except Exception as exc:  # noqa: BLE001 - a bad request fails alone
             request.answer(exc)

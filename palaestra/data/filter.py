@@ -28,9 +28,13 @@ from typing import Any
 from palaestra.types import Rollout, content_text
 
 _COMPARE: dict[type, Callable[[Any, Any], bool]] = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
-    ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
-}  # fmt: skip
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+}
 _THINK = re.compile(r"<think>(.*?)</think>", re.S)
 REFUSALS = re.compile(
     r"\b(can(?:no|')t|unable to|won't|will not|not able to)\b[^.\n]{0,40}\b(share|reveal|disclose|provide)\b"
@@ -101,8 +105,19 @@ def _depth(tree: ast.AST) -> int:
 
 def _check(node: ast.AST, text: str) -> None:
     """Allow only: and/or/not, comparisons, names, numbers, strings, a leading minus."""
-    allowed = (ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.Compare, ast.Name,
-               ast.Constant, ast.Load, *_COMPARE)  # fmt: skip
+    allowed = (
+        ast.BoolOp,
+        ast.And,
+        ast.Or,
+        ast.UnaryOp,
+        ast.Not,
+        ast.USub,
+        ast.Compare,
+        ast.Name,
+        ast.Constant,
+        ast.Load,
+        *_COMPARE,
+    )
     for child in ast.walk(node):
         if not isinstance(child, allowed):
             what = type(child).__name__

@@ -9,6 +9,17 @@ from palaestra.envs.singleturn import SingleTurnEnv
 from palaestra.envs.tool import StatefulToolEnv, ToolEnv
 
 __all__ = [
-    "DatasetError", "EnvGroup", "Environment", "EpisodeError", "Final", "MultiTurnEnv", "RLMEnv", "ReplEnv",
-    "RolloutTimeout", "SingleTurnEnv", "StatefulToolEnv", "ToolEnv", "stop",
-]  # fmt: skip
+    "DatasetError",
+    "EnvGroup",
+    "Environment",
+    "EpisodeError",
+    "Final",
+    "MultiTurnEnv",
+    "RLMEnv",
+    "ReplEnv",
+    "RolloutTimeout",
+    "SingleTurnEnv",
+    "StatefulToolEnv",
+    "ToolEnv",
+    "stop",
+]

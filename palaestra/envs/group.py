@@ -178,8 +178,9 @@ class EnvGroup(Environment):
             sampling = env.sampling.replace(**given)
         else:
             sampling = None  # the environment's own
-        rollout = await env.rollout(client, self.source(example), rollout_index=rollout_index, seed=seed,
-                                    sampling=sampling)  # fmt: skip
+        rollout = await env.rollout(
+            client, self.source(example), rollout_index=rollout_index, seed=seed, sampling=sampling
+        )
         rollout.example_id = example.id
         rollout.env = example.env
         return rollout

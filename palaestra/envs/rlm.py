@@ -87,8 +87,12 @@ class RLMEnv(ReplEnv):
         system_prompt: str | None = RLM_SYSTEM_PROMPT,
         **kwargs: Any,
     ) -> None:
-        for name, value in (("max_sub_calls", max_sub_calls), ("max_batch", max_batch),
-                            ("max_prompt_chars", max_prompt_chars), ("max_depth", max_depth)):  # fmt: skip
+        for name, value in (
+            ("max_sub_calls", max_sub_calls),
+            ("max_batch", max_batch),
+            ("max_prompt_chars", max_prompt_chars),
+            ("max_depth", max_depth),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer ≥ 1, got {value!r}")
         self.sub_client = sub_client

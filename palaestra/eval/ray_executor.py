@@ -116,15 +116,22 @@ class RolloutWorker:
         (default: the spec's) and ``model`` (default: the client's) are the call's own."""
         if self._limited is None:  # made on the actor's own event loop
             self._limited = LimitedClient(
-                self.client, asyncio.Semaphore(self.spec.max_concurrent),
-                max_failures_in_a_row=self.spec.max_failures_in_a_row, on_give_up=self._give_up,
-            )  # fmt: skip
+                self.client,
+                asyncio.Semaphore(self.spec.max_concurrent),
+                max_failures_in_a_row=self.spec.max_failures_in_a_row,
+                on_give_up=self._give_up,
+            )
         spec = self.spec
         if model is not None:  # an OpenAI client (the RL sampler's): the policy version to ask for
             self.client.model = model
-        rollouts = await run_group(self.env, self._limited, example, count=spec.rollouts_per_example,
-                                   seed=spec.seed if seed is None else seed,
-                                   sampling=spec.sampling or self.env.sampling)  # fmt: skip
+        rollouts = await run_group(
+            self.env,
+            self._limited,
+            example,
+            count=spec.rollouts_per_example,
+            seed=spec.seed if seed is None else seed,
+            sampling=spec.sampling or self.env.sampling,
+        )
         if self.gave_up is not None:
             n = spec.max_failures_in_a_row
             raise ModelUnavailable(

@@ -124,8 +124,12 @@ async def _run(
     rollouts = list(kept)
     bar = None
     if progress is not False:  # True: a bar where stderr is a terminal; None: plain lines
-        bar = EvalProgress(len(examples) * r, done=len(kept), plain=None if progress else True,
-                           live_tokens=token_counter(client))  # fmt: skip
+        bar = EvalProgress(
+            len(examples) * r,
+            done=len(kept),
+            plain=None if progress else True,
+            live_tokens=token_counter(client),
+        )
     status = "interrupted"
     try:
         stream = executor.stream_groups if executor is not None else stream_groups
@@ -150,9 +154,13 @@ async def _run(
             "saved": len(rollouts),
             "errors": sum(x.error is not None for x in rollouts),
         }
-        metadata.summary = summarize(rollouts, rollouts_per_example=r, pass_threshold=metadata.pass_threshold,
-                                     env_metrics=env.env_metric_names(),
-                                     env_thresholds=env.env_pass_thresholds())  # fmt: skip
+        metadata.summary = summarize(
+            rollouts,
+            rollouts_per_example=r,
+            pass_threshold=metadata.pass_threshold,
+            env_metrics=env.env_metric_names(),
+            env_thresholds=env.env_pass_thresholds(),
+        )
         if metadata.notes:  # said with the results, wherever the summary is shown
             metadata.summary["notes"] = dict(metadata.notes)
         if store is not None:

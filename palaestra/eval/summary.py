@@ -21,12 +21,37 @@ TIMING_STAGES = ("model", "env", "scoring", "total")
 
 # Exact t(0.975, df) for df = 1..30 (9 decimals); larger df use the Cornish-Fisher expansion.
 _T975 = (
-    12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851,
-    2.364624252, 2.306004135, 2.262157163, 2.228138852, 2.200985160, 2.178812830,
-    2.160368656, 2.144786688, 2.131449546, 2.119905299, 2.109815578, 2.100922040,
-    2.093024054, 2.085963447, 2.079613845, 2.073873068, 2.068657610, 2.063898562,
-    2.059538553, 2.055529439, 2.051830516, 2.048407142, 2.045229642, 2.042272456,
-)  # fmt: skip
+    12.706204736,
+    4.302652730,
+    3.182446305,
+    2.776445105,
+    2.570581836,
+    2.446911851,
+    2.364624252,
+    2.306004135,
+    2.262157163,
+    2.228138852,
+    2.200985160,
+    2.178812830,
+    2.160368656,
+    2.144786688,
+    2.131449546,
+    2.119905299,
+    2.109815578,
+    2.100922040,
+    2.093024054,
+    2.085963447,
+    2.079613845,
+    2.073873068,
+    2.068657610,
+    2.063898562,
+    2.059538553,
+    2.055529439,
+    2.051830516,
+    2.048407142,
+    2.045229642,
+    2.042272456,
+)
 _Z975 = 1.959963984540054
 
 
@@ -256,10 +281,19 @@ def _errors(rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
 
 
 _SHAPE: dict[str, type | tuple[type, ...]] = {
-    "n_rollouts": int, "n_examples": int, "rollouts_per_example": int, "reward": dict, "metrics": dict,
-    "histogram": dict, "pass_threshold": (int, float), "pass_at_k": dict, "stop_reasons": dict,
-    "errors": list, "timing": dict, "tokens": dict,
-}  # fmt: skip
+    "n_rollouts": int,
+    "n_examples": int,
+    "rollouts_per_example": int,
+    "reward": dict,
+    "metrics": dict,
+    "histogram": dict,
+    "pass_threshold": (int, float),
+    "pass_at_k": dict,
+    "stop_reasons": dict,
+    "errors": list,
+    "timing": dict,
+    "tokens": dict,
+}
 
 
 def summary_problem(summary: Any) -> str | None:
@@ -292,8 +326,12 @@ def summary_problem(summary: Any) -> str | None:
             return f"{key!r} holds a value that is not a number"
     for error in summary["errors"]:
         example = error.get("example") if isinstance(error, dict) else None
-        if not (isinstance(error, dict) and isinstance(error.get("count"), int) and isinstance(example, dict)
-                and isinstance(example.get("message"), str)):  # fmt: skip
+        if not (
+            isinstance(error, dict)
+            and isinstance(error.get("count"), int)
+            and isinstance(example, dict)
+            and isinstance(example.get("message"), str)
+        ):
             return "'errors' holds an entry that is not an error group"
     return None
 

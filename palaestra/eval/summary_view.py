@@ -148,16 +148,23 @@ def _render_by_env(console: Console, by_env: dict[str, Any]) -> None:
         return
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="per environment", title_justify="left")
     for header in ("environment", "rollouts", "reward", "95% CI", "pass@1", "failed", "its metrics (mean)"):
-        table.add_column(header, justify="right" if header in ("rollouts", "reward", "pass@1", "failed") else "left",
-                         overflow="fold")  # fmt: skip
+        table.add_column(
+            header,
+            justify="right" if header in ("rollouts", "reward", "pass@1", "failed") else "left",
+            overflow="fold",
+        )
     for name, stats in by_env.items():
         reward, ci = stats["reward"], stats["reward"]["ci95"]
         metrics = " · ".join(f"{m} {_num(v['mean'])}" for m, v in stats["metrics"].items())
         table.add_row(
-            Text(name, style="bold"), str(stats["n_rollouts"]), _num(reward["mean"]),
-            Text(f"[{_num(ci[0])}, {_num(ci[1])}]" if ci else "–"), _num(stats["pass_at_k"].get("1")),
-            str(stats["errors"]), Text(metrics),
-        )  # fmt: skip
+            Text(name, style="bold"),
+            str(stats["n_rollouts"]),
+            _num(reward["mean"]),
+            Text(f"[{_num(ci[0])}, {_num(ci[1])}]" if ci else "–"),
+            _num(stats["pass_at_k"].get("1")),
+            str(stats["errors"]),
+            Text(metrics),
+        )
     console.print(table)
 
 

@@ -127,9 +127,10 @@ class Catalog:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version > len(MIGRATIONS):
             raise CatalogError(
-                500, f"{path} has schema version {version}; this palaestra knows up to {len(MIGRATIONS)}: "
-                "upgrade palaestra to serve it"
-            )  # fmt: skip
+                500,
+                f"{path} has schema version {version}; this palaestra knows up to {len(MIGRATIONS)}: "
+                "upgrade palaestra to serve it",
+            )
         for number in range(version, len(MIGRATIONS)):
             # one script, one transaction: a migration and its version number land together or not at all
             try:
@@ -246,7 +247,7 @@ class Catalog:
                 owner = db.execute("SELECT name FROM users WHERE id = ?", (project["owner_id"],)).fetchone()
                 raise CatalogError(
                     403, f"{dist.name} belongs to {owner['name']}; this token is {user.name}'s"
-                )  # fmt: skip
+                )
             else:
                 project_id = project["id"]
             taken = db.execute("SELECT 1 FROM files WHERE filename = ?", (dist.filename,)).fetchone()
@@ -269,18 +270,26 @@ class Catalog:
                     "SELECT 1 FROM files WHERE release_id = ? AND kind = ?", (release_id, dist.kind)
                 ).fetchone():
                     raise CatalogError(
-                        409, f"{dist.name} {dist.version} already has a {dist.kind}: a published version "
-                        "never changes; bump the version"
-                    )  # fmt: skip
+                        409,
+                        f"{dist.name} {dist.version} already has a {dist.kind}: a published version "
+                        "never changes; bump the version",
+                    )
             db.execute(
                 "INSERT INTO files (release_id, filename, kind, sha256, size, metadata_sha256, requires_python, "
                 "eval_defaults, uploader_id, uploaded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    release_id, dist.filename, dist.kind, dist.sha256, dist.size,
-                    hashlib.sha256(dist.metadata).hexdigest(), dist.requires_python,
-                    orjson.dumps(dist.eval_defaults).decode(), user.id, _now(),
+                    release_id,
+                    dist.filename,
+                    dist.kind,
+                    dist.sha256,
+                    dist.size,
+                    hashlib.sha256(dist.metadata).hexdigest(),
+                    dist.requires_python,
+                    orjson.dumps(dist.eval_defaults).decode(),
+                    user.id,
+                    _now(),
                 ),
-            )  # fmt: skip
+            )
             yield
 
     def set_yanked(self, user: User, name: str, version: str, *, yanked: bool, reason: str = "") -> None:
@@ -317,8 +326,11 @@ class Catalog:
         for row in rows:
             current = newest.get(row["name"])
             if current is None or not row["yanked"] or current["yanked"]:
-                newest[row["name"]] = {**orjson.loads(row["info"]), **_pick(row, "name", "display_name",
-                                       "owner", "version", "yanked"), "updated_at": row["created_at"]}  # fmt: skip
+                newest[row["name"]] = {
+                    **orjson.loads(row["info"]),
+                    **_pick(row, "name", "display_name", "owner", "version", "yanked"),
+                    "updated_at": row["created_at"],
+                }
         return sorted(newest.values(), key=lambda p: p["name"])
 
     def project(self, name: str) -> dict[str, Any] | None:
@@ -341,8 +353,13 @@ class Catalog:
                     (rel["id"],),
                 )
             ]
-            releases.append({**orjson.loads(rel["info"]), **_pick(rel, "version", "yanked", "yanked_reason",
-                             "created_at"), "files": files})  # fmt: skip
+            releases.append(
+                {
+                    **orjson.loads(rel["info"]),
+                    **_pick(rel, "version", "yanked", "yanked_reason", "created_at"),
+                    "files": files,
+                }
+            )
         return {**dict(head), "releases": releases}
 
     def file(self, filename: str) -> dict[str, Any] | None:
@@ -380,10 +397,17 @@ class Catalog:
                     "INSERT INTO results (project_id, env_id, run_id, model, version, run, has_report, "
                     "uploader_id, uploaded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
-                        row["id"], run["env_id"], run["run_id"], run["model"], run.get("env_version", ""),
-                        orjson.dumps(run).decode(), int(has_report), user.id, _now(),
+                        row["id"],
+                        run["env_id"],
+                        run["run_id"],
+                        run["model"],
+                        run.get("env_version", ""),
+                        orjson.dumps(run).decode(),
+                        int(has_report),
+                        user.id,
+                        _now(),
                     ),
-                )  # fmt: skip
+                )
             except sqlite3.IntegrityError:
                 raise CatalogError(409, f"run {run['run_id']} is already attached to {project}") from None
         return int(cur.lastrowid or 0)

@@ -18,8 +18,14 @@ Kind = Literal["json", "html"]
 API_VERSION = "1.1"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_TYPE = "application/vnd.pypi.simple.v1+html"
-_OFFERED: dict[str, Kind] = {JSON_TYPE: "json", HTML_TYPE: "html", "text/html": "html", "*/*": "html",
-                             "application/*": "json", "text/*": "html"}  # fmt: skip
+_OFFERED: dict[str, Kind] = {
+    JSON_TYPE: "json",
+    HTML_TYPE: "html",
+    "text/html": "html",
+    "*/*": "html",
+    "application/*": "json",
+    "text/*": "html",
+}
 
 
 def negotiate(accept: str, format_param: str | None = None) -> Kind | None:
@@ -89,17 +95,19 @@ def project(project: dict[str, Any], kind: Kind) -> tuple[bytes, str]:
         entries = []
         for release, f in files:
             metadata = {"sha256": f["metadata_sha256"]} if f["kind"] == "wheel" else False
-            entries.append({
-                "filename": f["filename"],
-                "url": f"../../files/{url_part(name)}/{url_part(f['filename'])}",
-                "hashes": {"sha256": f["sha256"]},
-                "requires-python": f["requires_python"] or None,
-                "core-metadata": metadata,
-                "dist-info-metadata": metadata,  # the PEP 658 spelling, for older clients
-                "yanked": _yank(release),
-                "size": f["size"],
-                "upload-time": f["uploaded_at"].replace("Z", ".000000Z"),
-            })  # fmt: skip
+            entries.append(
+                {
+                    "filename": f["filename"],
+                    "url": f"../../files/{url_part(name)}/{url_part(f['filename'])}",
+                    "hashes": {"sha256": f["sha256"]},
+                    "requires-python": f["requires_python"] or None,
+                    "core-metadata": metadata,
+                    "dist-info-metadata": metadata,  # the PEP 658 spelling, for older clients
+                    "yanked": _yank(release),
+                    "size": f["size"],
+                    "upload-time": f["uploaded_at"].replace("Z", ".000000Z"),
+                }
+            )
         body = {
             "meta": {"api-version": API_VERSION},
             "name": name,

@@ -74,8 +74,17 @@ def render_readme(text: str, content_type: str) -> str:
 
 
 def projects_json(projects: list[dict[str, Any]]) -> bytes:
-    keys = ("name", "display_name", "version", "summary", "keywords", "environments", "owner", "updated_at",
-            "yanked")  # fmt: skip
+    keys = (
+        "name",
+        "display_name",
+        "version",
+        "summary",
+        "keywords",
+        "environments",
+        "owner",
+        "updated_at",
+        "yanked",
+    )
     return orjson.dumps({"projects": [{k: p.get(k) for k in keys} for p in projects]})
 
 
@@ -112,8 +121,13 @@ def _tags(keywords: list[str], root: str) -> str:
     )
 
 
-def home(projects: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]], *, query: str = "",
-         tag: str = "") -> str:  # fmt: skip
+def home(
+    projects: list[dict[str, Any]],
+    results: dict[str, list[dict[str, Any]]],
+    *,
+    query: str = "",
+    tag: str = "",
+) -> str:
     """The list of environments (with their attached results); ``query`` and ``tag`` filter it as the
     search box does."""
     cards = []
@@ -140,9 +154,11 @@ def home(projects: list[dict[str, Any]], results: dict[str, list[dict[str, Any]]
     all_tags = sorted({k for p in projects for k in p["keywords"]})
     filters = f'<p class="tags" id="tags">{_tags(all_tags, "")}</p>' if all_tags else ""
     empty = '<p class="muted" id="none" hidden>No environment matches.</p>'
-    listing = f'<ul class="cards" id="cards">{"".join(cards)}</ul>' if cards else (
-        '<p class="muted">Nothing is published yet: <code>palaestra hub publish ENV_DIR</code>.</p>'
-    )  # fmt: skip
+    listing = (
+        f'<ul class="cards" id="cards">{"".join(cards)}</ul>'
+        if cards
+        else ('<p class="muted">Nothing is published yet: <code>palaestra hub publish ENV_DIR</code>.</p>')
+    )
     total = f"{len(projects)} environment{'s' * (len(projects) != 1)}"
     if n_visible < len(projects):
         total = f"{n_visible} of {len(projects)} environments"
@@ -263,17 +279,22 @@ def project(
             f' <span class="yanked">yanked: {esc(release["yanked_reason"] or "no reason given")}</span>'
             * bool(release["yanked"])
         )
-        versions.append(f"<tr><td>{esc(release['version'])}{yank}</td><td>{esc(release['created_at'][:10])}</td>"
-                        f"<td>{files}</td></tr>")  # fmt: skip
+        versions.append(
+            f"<tr><td>{esc(release['version'])}{yank}</td><td>{esc(release['created_at'][:10])}</td>"
+            f"<td>{files}</td></tr>"
+        )
     deps = "".join(f"<li><code>{esc(d)}</code></li>" for d in latest["requires_dist"]) or "<li>none</li>"
     defaults: dict[str, Any] = next((f["eval_defaults"] for f in latest["files"] if f["eval_defaults"]), {})
     defaults_html = (
-        "<table>" + "".join(
+        "<table>"
+        + "".join(
             f"<tr><td><code>{esc(k)}</code></td><td><code>{esc(orjson.dumps(v).decode())}</code></td></tr>"
             for k, v in sorted(defaults.items())
-        ) + "</table>"
-        if defaults else "<p class=muted>None declared (palaestra eval's own defaults apply).</p>"
-    )  # fmt: skip
+        )
+        + "</table>"
+        if defaults
+        else "<p class=muted>None declared (palaestra eval's own defaults apply).</p>"
+    )
     links = "".join(
         f'<li>{esc(label)}: <a href="{esc(url)}" rel="nofollow noopener">{esc(url)}</a></li>'
         for label, url in latest["project_urls"]

@@ -30,10 +30,24 @@ MAX_NAME = 300  # the model, the environment and the run id: what a board shows 
 # what a stored run keeps, and so all that pages and the reproduce command may show: not where the
 # model was served (a base_url can hold credentials or an internal host), nor which key it used
 RECORD_KEYS = (
-    "run_id", "env_id", "env_args", "model", "sampling", "num_examples", "rollouts_per_example", "seed",
-    "n_rollouts", "reward", "metrics", "pass_at_k", "errors", "env_package", "env_version",
-    "palaestra_version", "finished_at",
-)  # fmt: skip
+    "run_id",
+    "env_id",
+    "env_args",
+    "model",
+    "sampling",
+    "num_examples",
+    "rollouts_per_example",
+    "seed",
+    "n_rollouts",
+    "reward",
+    "metrics",
+    "pass_at_k",
+    "errors",
+    "env_package",
+    "env_version",
+    "palaestra_version",
+    "finished_at",
+)
 
 
 def _number(value: Any) -> float | None:

@@ -167,8 +167,13 @@ class HubServer:
     async def upload(self, request: web.Request) -> web.Response:
         user = await self._user(request)
         fields = {":action", "sha256_digest", "name"}
-        async with forms.form(request, self.data.tmp, text_fields=fields, file_fields={"content"},
-                              max_bytes=self.max_upload_bytes) as form:  # fmt: skip
+        async with forms.form(
+            request,
+            self.data.tmp,
+            text_fields=fields,
+            file_fields={"content"},
+            max_bytes=self.max_upload_bytes,
+        ) as form:
             action = form.fields.get(":action", "file_upload")
             if action != "file_upload":
                 raise CatalogError(400, f"unsupported :action {action[:100]!r}")
@@ -213,8 +218,13 @@ class HubServer:
 
     async def add_results(self, request: web.Request) -> web.Response:
         user = await self._user(request)
-        async with forms.form(request, self.data.tmp, text_fields={"run"}, file_fields={"report"},
-                              max_bytes=self.max_upload_bytes) as form:  # fmt: skip
+        async with forms.form(
+            request,
+            self.data.tmp,
+            text_fields={"run"},
+            file_fields={"report"},
+            max_bytes=self.max_upload_bytes,
+        ) as form:
             try:
                 run = run_record(orjson.loads(form.fields.get("run", "null")))
             except (orjson.JSONDecodeError, ResultError) as exc:
@@ -433,8 +443,9 @@ def create_app(data: HubData, *, max_upload_bytes: int = MAX_UPLOAD_BYTES) -> we
     return app
 
 
-def serve(data_dir: Path, *, host: str = "127.0.0.1", port: int = 8080,
-          max_upload_bytes: int = MAX_UPLOAD_BYTES) -> None:  # fmt: skip
+def serve(
+    data_dir: Path, *, host: str = "127.0.0.1", port: int = 8080, max_upload_bytes: int = MAX_UPLOAD_BYTES
+) -> None:
     """Serve the hub over ``data_dir`` until SIGINT/SIGTERM; port 0 picks a free port."""
     logging.basicConfig(level=logging.INFO, format="palaestra hub: %(levelname)s: %(message)s")
     app = create_app(HubData(data_dir), max_upload_bytes=max_upload_bytes)

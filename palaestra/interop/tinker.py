@@ -157,10 +157,17 @@ class PalaestraGroupBuilder:
 
     async def make_envs(self) -> Sequence[PalaestraEnv]:
         self.envs = [
-            PalaestraEnv(self.env, self.example, self.renderer, seed=self.seed, rollout_index=i,
-                         sampling=self.sampling, score=False)
+            PalaestraEnv(
+                self.env,
+                self.example,
+                self.renderer,
+                seed=self.seed,
+                rollout_index=i,
+                sampling=self.sampling,
+                score=False,
+            )
             for i in range(self.group_size)
-        ]  # fmt: skip
+        ]
         return self.envs
 
     async def compute_group_rewards(
@@ -206,7 +213,8 @@ class PalaestraDataset:
             raise IndexError(f"batch {index} of {len(self)}")
         chunk = self.examples[index * self.batch_size : (index + 1) * self.batch_size]
         return [
-            PalaestraGroupBuilder(self.env, e, self.renderer, group_size=self.group_size, seed=self.seed,
-                                  sampling=self.sampling)
+            PalaestraGroupBuilder(
+                self.env, e, self.renderer, group_size=self.group_size, seed=self.seed, sampling=self.sampling
+            )
             for e in chunk
-        ]  # fmt: skip
+        ]

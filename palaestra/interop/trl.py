@@ -185,8 +185,10 @@ class PalaestraRollouts:
 
         async def group(positions: list[int]) -> list[Rollout]:
             example = examples[positions[0]]
-            runs = [self.env.rollout(limited, example, rollout_index=indices[p], seed=seed, sampling=sampling)
-                    for p in positions]  # fmt: skip
+            runs = [
+                self.env.rollout(limited, example, rollout_index=indices[p], seed=seed, sampling=sampling)
+                for p in positions
+            ]
             rollouts = list(await asyncio.gather(*runs))
             await self.env.rubric.score_group(rollouts, [example] * len(rollouts))
             return rollouts
@@ -273,8 +275,9 @@ def rollout_fields(rollout: Rollout, tokenizer: Any) -> tuple[list[int], list[in
                 log.warning(
                     "rollout of example %s: turn %d's prompt does not hold the previous reply as sampled "
                     "(the chat template rewrites earlier turns), so TRL trains the last turn only",
-                    rollout.example_id, turn.index,
-                )  # fmt: skip
+                    rollout.example_id,
+                    turn.index,
+                )
                 last = turns[-1]
                 assert last.prompt_token_ids is not None and last.token_ids is not None
                 assert last.logprobs is not None

@@ -77,9 +77,10 @@ def parse_reset(body: Any, num_examples: int) -> ResetRequest:
         example_id = _int(body, "example_id", 0, high=2**63)
         if example_id >= num_examples:
             raise EpisodeProblem(
-                404, "unknown_example",
+                404,
+                "unknown_example",
                 f"no example {example_id}: the environment has {num_examples} (0 to {num_examples - 1})",
-            )  # fmt: skip
+            )
     else:
         example_id = seed % num_examples
     sampling = body.get("sampling")
@@ -109,8 +110,16 @@ class StepRequest:
 
 
 STEP_KEYS = {"episode_id", "action", "turn", "timeout_s", "request_id"}
-ACTION_KEYS = {"message", "content", "tool_calls", "finish_reason", "token_ids", "logprobs",
-               "prompt_token_ids", "usage"}  # fmt: skip
+ACTION_KEYS = {
+    "message",
+    "content",
+    "tool_calls",
+    "finish_reason",
+    "token_ids",
+    "logprobs",
+    "prompt_token_ids",
+    "usage",
+}
 
 
 def parse_step(body: Any) -> StepRequest:

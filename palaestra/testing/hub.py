@@ -105,8 +105,10 @@ def build_dists(package: Path, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-t", "sdist", "-d", str(out)],
-        cwd=package, check=True, capture_output=True,
-    )  # fmt: skip
+        cwd=package,
+        check=True,
+        capture_output=True,
+    )
     return sorted(out.glob("*.whl")) + sorted(out.glob("*.tar.gz"))
 
 

@@ -220,15 +220,20 @@ def svg_chart(title: str, lines: list[Series], faint: list[Series], *, log_y: bo
         parts.append(
             f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{fmt(tick)}</text>'
         )
-    parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{W - LEFT - RIGHT}" height="{H - TOP - BOTTOM}" '
-                 'fill="none" stroke="#999"/>')  # fmt: skip
+    parts.append(
+        f'<rect x="{LEFT}" y="{TOP}" width="{W - LEFT - RIGHT}" height="{H - TOP - BOTTOM}" '
+        'fill="none" stroke="#999"/>'
+    )
     parts.append(f'<text x="{W / 2}" y="{H - 6}" text-anchor="middle" font-size="11">step</text>')
     for series, style in [(s, 'stroke-opacity="0.35" stroke-width="1"') for s in faint] + [
         (s, 'stroke-width="2"') for s in lines
     ]:
         _, color, sx, sy = series
-        points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(sx, sy, strict=True) if math.isfinite(y)
-                          and (y > 0 or not log_y))  # fmt: skip
+        points = " ".join(
+            f"{px(x):.1f},{py(y):.1f}"
+            for x, y in zip(sx, sy, strict=True)
+            if math.isfinite(y) and (y > 0 or not log_y)
+        )
         if len(sx) == 1:
             parts.append(f'<circle cx="{px(sx[0]):.1f}" cy="{py(sy[0]):.1f}" r="3" fill="{color}"/>')
         else:

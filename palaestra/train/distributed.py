@@ -259,15 +259,25 @@ def launch(nproc: int, argv: list[str]) -> int:
 
     # the ranks print their own errors; the launcher's report of the failed rank would be a second line
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)  # fmt: skip
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+    )
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "palaestra", *argv)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         if failure.exitcode > 0:
             return failure.exitcode
-        print(f"palaestra: error: rank {rank} was killed by {failure.signal_name()}; the others were "
-              "stopped (resume from the last checkpoint with --resume RUN_DIR)", file=sys.stderr)  # fmt: skip
+        print(
+            f"palaestra: error: rank {rank} was killed by {failure.signal_name()}; the others were "
+            "stopped (resume from the last checkpoint with --resume RUN_DIR)",
+            file=sys.stderr,
+        )
         return 1
     return 0

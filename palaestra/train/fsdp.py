@@ -185,8 +185,9 @@ def shard_optimizer_state(state: dict[str, Any], params: list[Any]) -> dict[str,
 
     def local(value: Any, param: Any) -> Any:
         if isinstance(param, DTensor) and hasattr(value, "shape") and value.shape == param.shape:
-            return distribute_tensor(value.to(param.device), param.device_mesh, param.placements,
-                                     src_data_rank=None)  # fmt: skip
+            return distribute_tensor(
+                value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
+            )
         return value
 
     out = dict(state)

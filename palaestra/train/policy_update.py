@@ -160,9 +160,12 @@ def policy_update(
     mine = batch_counts(targets_mask, rollouts)
     tokens, count = world.sum([mine.tokens, mine.rollouts])  # the whole batch's, over every rank
     weights_all = token_weights(
-        targets_mask, normalizer, max_tokens=loss_config.max_tokens, rollouts=rollouts,
+        targets_mask,
+        normalizer,
+        max_tokens=loss_config.max_tokens,
+        rollouts=rollouts,
         batch=BatchCounts(tokens=int(tokens), rollouts=int(count)),
-    )  # fmt: skip
+    )
     params = [p for group in optimizer.param_groups for p in group["params"]]  # the shards, with FSDP
     shared = 0
     if share_prefix and sequences:
@@ -216,10 +219,17 @@ def policy_update(
             baseline, weigh = first.get(g, (sampler, None))
             advantages = torch.tensor([s.advantage for s in rows], dtype=torch.float32, device=device)
             out = compute_loss(
-                LossInputs(logprobs, baseline, advantages, mask,
-                           weights_all[group, shared : shared + width].to(device), ref, correction=weigh),
+                LossInputs(
+                    logprobs,
+                    baseline,
+                    advantages,
+                    mask,
+                    weights_all[group, shared : shared + width].to(device),
+                    ref,
+                    correction=weigh,
+                ),
                 loss_config,
-            )  # fmt: skip
+            )
             # a non-finite loss stops the update below, on every rank; the layer mode's every backward
             # is a collective (its gradients are discarded then)
             if math.isfinite(out.loss.item()) or (shards is not None and shards.layers):

@@ -171,8 +171,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     bf16 = use_bf16(config.train.mixed_precision, device)
     torch.manual_seed(config.train.seed)
     env = _load_env(config.env.id, config.env.args, "env.args")
-    eval_envs = [(s.name, _load_env(config.env.id, s.args, f"eval.sets {s.name}"))
-                 for s in config.eval.sets]  # fmt: skip
+    eval_envs = [(s.name, _load_env(config.env.id, s.args, f"eval.sets {s.name}")) for s in config.eval.sets]
     model_config = config.model
     if checkpoint is not None and not config.lora.enabled:  # full fine-tuning resumes from the saved weights
         model_config = ModelConfig(path=str(checkpoint), attn_implementation=config.model.attn_implementation)
@@ -206,13 +205,15 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     trainable, total = parameter_counts(model)
     say = print if progress is not False and world.main else (lambda *_: None)
     groups_per_step = config.train.batch_size // config.train.rollouts_per_example
-    say(f"env: {config.env.id}, {len(env.examples)} examples, {groups_per_step} groups of "
+    say(
+        f"env: {config.env.id}, {len(env.examples)} examples, {groups_per_step} groups of "
         f"{config.train.rollouts_per_example} per step\nmodel: {config.model.path or 'tiny'}, "
         f"{total / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable; {device.type}"
         f"{', bf16 autocast' if bf16 else ''}; sampler {config.sampler.kind}"
         f"{f', rollouts on {len(executor.live)} Ray workers' if executor else ''}\n"
         f"run: {run_dir}, {config.train.steps} steps, loss {config.loss.name}"
-        f"{fsdp.processes(world, config.train.fsdp)}")  # fmt: skip
+        f"{fsdp.processes(world, config.train.fsdp)}"
+    )
 
     # -- optimizer, learning-rate schedule, state of a resumed run --------------------------------
     opt = config.optim
@@ -221,9 +222,15 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     params = shards.params if shards else None
     optimizer, scheduler, start = optimizer_and_schedule(model, opt, updates, resumed, params=params)
     backbone, head = backbone_and_head(model)
-    loss_config = LossConfig(name=config.loss.name, eps_low=config.loss.eps_low, eps_high=config.loss.eps_high,
-                             mask_low=config.loss.mask_low, mask_high=config.loss.mask_high,
-                             kl_beta=config.loss.kl_beta, max_tokens=config.sampling.max_tokens)  # fmt: skip
+    loss_config = LossConfig(
+        name=config.loss.name,
+        eps_low=config.loss.eps_low,
+        eps_high=config.loss.eps_high,
+        mask_low=config.loss.mask_low,
+        mask_high=config.loss.mask_high,
+        kl_beta=config.loss.kl_beta,
+        max_tokens=config.sampling.max_tokens,
+    )
     mismatch = config.loss.mismatch()
     sampling = config.sampling.as_sampling()
     world.barrier()  # every rank has checked its input: rank 0 may write
@@ -240,8 +247,13 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                 executor.close()
             raise
     log = MetricsLog(run_dir, after_step=start, config=config) if world.main else NullLog()
-    show = RLProgress(config.train.steps, done=start, log_every=config.output.log_every,
-                      plain=None if progress else True, quiet=progress is False or not world.main)  # fmt: skip
+    show = RLProgress(
+        config.train.steps,
+        done=start,
+        log_every=config.output.log_every,
+        plain=None if progress else True,
+        quiet=progress is False or not world.main,
+    )
     last_saved = checkpoint
     model.eval()
 
@@ -251,8 +263,12 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
         in_flight = math.ceil(in_flight / world.size)
 
     def step_spec(step: int) -> RunSpec:
-        return RunSpec(rollouts_per_example=config.train.rollouts_per_example, max_concurrent=in_flight,
-                       sampling=sampling, seed=derive_seed("palaestra/rl", config.train.seed, step))  # fmt: skip
+        return RunSpec(
+            rollouts_per_example=config.train.rollouts_per_example,
+            max_concurrent=in_flight,
+            sampling=sampling,
+            seed=derive_seed("palaestra/rl", config.train.seed, step),
+        )
 
     async def sample(step: int) -> list[Rollout]:
         mine = world.share(step_examples(env.examples, step, groups_per_step))  # this rank's groups
@@ -285,8 +301,11 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                 check_not_all_failed(rollouts, step + 1, world, last_saved)  # nothing to learn from
                 t_sampled = time.perf_counter()
                 advantages = group_advantages(rollouts, scale=config.loss.advantage_scale)
-                learn = [(r, a) for r, a in zip(advantages.rollouts, advantages.values, strict=True)
-                         if r.example_id not in advantages.flat]  # fmt: skip
+                learn = [
+                    (r, a)
+                    for r, a in zip(advantages.rollouts, advantages.values, strict=True)
+                    if r.example_id not in advantages.flat
+                ]
                 try:
                     sequences = batch_sequences([r for r, _ in learn], [a for _, a in learn])
                 except TokenError as exc:
@@ -297,21 +316,40 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                     async with sampler.updating():
                         try:
                             stats = await asyncio.to_thread(
-                                policy_update, model, head, backbone, optimizer, scheduler,
+                                policy_update,
+                                model,
+                                head,
+                                backbone,
+                                optimizer,
+                                scheduler,
                                 world.deal(sequences, key=lambda s: s.rollout),  # this rank's rollouts
-                                loss_config, passes=config.train.update_passes,
+                                loss_config,
+                                passes=config.train.update_passes,
                                 micro_batch_tokens=config.train.micro_batch_tokens,
-                                max_grad_norm=opt.max_grad_norm, device=device, bf16=bf16, pad_id=pad_id,
-                                temperature=config.sampling.temperature, reference=reference,
-                                mismatch=mismatch, world=world, share_prefix=config.train.share_prefix,
+                                max_grad_norm=opt.max_grad_norm,
+                                device=device,
+                                bf16=bf16,
+                                pad_id=pad_id,
+                                temperature=config.sampling.temperature,
+                                reference=reference,
+                                mismatch=mismatch,
+                                world=world,
+                                share_prefix=config.train.share_prefix,
                                 shards=shards,
-                            )  # fmt: skip
+                            )
                         except Diverged as exc:
                             raise diverged(step + 1, exc.what, exc.value, last_saved) from None
                 batches.trained_to(step + 1)  # the sampler gets these weights before it samples again
                 t_trained = time.perf_counter()
-                record = step_record(step + 1, rollouts, advantages, stats, float(scheduler.get_last_lr()[0]),
-                                     batch.seconds, t_trained - t_sampled)  # fmt: skip
+                record = step_record(
+                    step + 1,
+                    rollouts,
+                    advantages,
+                    stats,
+                    float(scheduler.get_last_lr()[0]),
+                    batch.seconds,
+                    t_trained - t_sampled,
+                )
                 record.update(cut_sequences=cut, policy_version=batch.version, seconds=t_trained - t0)
                 record.update(off_policy_steps=step - batch.version, seconds_waiting=waited)
                 record["seconds_sync"], batches.sync_seconds = batches.sync_seconds, 0.0
@@ -333,15 +371,23 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                 if world.main and every and ((step + 1) % every == 0 or done):
                     keep = config.output.sample_groups * config.train.rollouts_per_example
                     name = f"step-{step + 1:06d}"
-                    header = sample_metadata(rollouts[:keep], config, step_spec(step), name,
-                                             version=batch.version, started=started)  # fmt: skip
+                    header = sample_metadata(
+                        rollouts[:keep], config, step_spec(step), name, version=batch.version, started=started
+                    )
                     save_run(run_dir / "samples" / name, rollouts[:keep], header)
                 saves = done or (config.output.save_every and (step + 1) % config.output.save_every == 0)
                 full = shards.full_state(optimizer) if shards and saves else None  # every rank: a collective
                 if world.main and saves:
-                    last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
-                                                      optimizer=optimizer, scheduler=scheduler, extra={},
-                                                      full=full)  # fmt: skip
+                    last_saved = ckpt.save_checkpoint(
+                        run_dir,
+                        step + 1,
+                        model=model,
+                        tokenizer=tokenizer,
+                        optimizer=optimizer,
+                        scheduler=scheduler,
+                        extra={},
+                        full=full,
+                    )
                     write_curves([run_dir], run_dir / "curves.html")
                     show.note(f"checkpoint: {last_saved}")
     finally:

@@ -123,8 +123,14 @@ class RLTrainConfig:
     threads: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "rollouts_per_example", "update_passes", "micro_batch_tokens",
-                     "max_concurrent"):  # fmt: skip
+        for name in (
+            "steps",
+            "batch_size",
+            "rollouts_per_example",
+            "update_passes",
+            "micro_batch_tokens",
+            "max_concurrent",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.gradient_checkpointing and self.share_prefix:

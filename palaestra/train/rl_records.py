@@ -52,10 +52,16 @@ def step_record(
     for env in sorted({r.env for r in rollouts if r.env is not None}):  # an EnvGroup: each one's reward
         record[f"reward/{env}"] = _mean([r.reward for r in scored if r.env == env and r.reward is not None])
     if stats is not None:
-        record.update(loss=stats.loss, grad_norm=stats.grad_norm, trained_tokens=stats.trained_tokens,
-                      clipped_fraction=stats.clipped_fraction, ratio_mean=stats.ratio_mean,
-                      entropy=stats.entropy, trained_tokens_per_s=stats.trained_tokens / max(training_s, 1e-9),
-                      shared_prefix=stats.shared_prefix)  # fmt: skip
+        record.update(
+            loss=stats.loss,
+            grad_norm=stats.grad_norm,
+            trained_tokens=stats.trained_tokens,
+            clipped_fraction=stats.clipped_fraction,
+            ratio_mean=stats.ratio_mean,
+            entropy=stats.entropy,
+            trained_tokens_per_s=stats.trained_tokens / max(training_s, 1e-9),
+            shared_prefix=stats.shared_prefix,
+        )
         if stats.kl is not None:
             record["kl"] = stats.kl
         record.update({f"mismatch/{name}": value for name, value in stats.mismatch.items()})
@@ -86,10 +92,14 @@ async def evaluate_sets(
     sampling = Sampling(temperature=config.eval.temperature, max_tokens=config.sampling.max_tokens)
     rewards = []
     for (name, env), eval_set in zip(eval_envs, config.eval.sets, strict=True):
-        spec = RunSpec(num_examples=min(config.eval.num_examples, len(env.examples)),
-                       max_concurrent=config.train.max_concurrent, sampling=sampling)  # fmt: skip
-        run = await evaluate(env, client, spec, output_dir=None, env_id=f"{config.env.id}-{name}",
-                             env_args=eval_set.args)  # fmt: skip
+        spec = RunSpec(
+            num_examples=min(config.eval.num_examples, len(env.examples)),
+            max_concurrent=config.train.max_concurrent,
+            sampling=sampling,
+        )
+        run = await evaluate(
+            env, client, spec, output_dir=None, env_id=f"{config.env.id}-{name}", env_args=eval_set.args
+        )
         save_run(run_dir / "evals" / f"step-{step:06d}" / name, run.rollouts, run.metadata)
         summary = run.summary
         out[f"eval/{name}/reward"] = summary["reward"]["mean"]
@@ -103,20 +113,37 @@ async def evaluate_sets(
     return out
 
 
-def sample_metadata(rollouts: list[Rollout], config: RLConfig, spec: RunSpec, run_id: str, *, version: int,
-                     started: time.struct_time) -> RunMetadata:  # fmt: skip
+def sample_metadata(
+    rollouts: list[Rollout],
+    config: RLConfig,
+    spec: RunSpec,
+    run_id: str,
+    *,
+    version: int,
+    started: time.struct_time,
+) -> RunMetadata:
     """A saved sample's header: the policy version that sampled it, its groups, and when its step ran."""
     from palaestra.eval.summary import summarize
 
     groups = len({r.example_id for r in rollouts})
     model = f"{config.model.path or 'tiny model'} @ policy version {version}"
     stamp = "%Y-%m-%dT%H:%M:%SZ"
-    return RunMetadata(env_id=config.env.id, model=model, spec=dataclasses.replace(spec, num_examples=groups),
-                       env_args=config.env.args, run_id=run_id, status="complete",
-                       started_at=time.strftime(stamp, started), finished_at=time.strftime(stamp, time.gmtime()),
-                       counts={"expected": len(rollouts), "saved": len(rollouts),
-                               "errors": sum(r.error is not None for r in rollouts)},
-                       summary=summarize(rollouts, rollouts_per_example=spec.rollouts_per_example))  # fmt: skip
+    return RunMetadata(
+        env_id=config.env.id,
+        model=model,
+        spec=dataclasses.replace(spec, num_examples=groups),
+        env_args=config.env.args,
+        run_id=run_id,
+        status="complete",
+        started_at=time.strftime(stamp, started),
+        finished_at=time.strftime(stamp, time.gmtime()),
+        counts={
+            "expected": len(rollouts),
+            "saved": len(rollouts),
+            "errors": sum(r.error is not None for r in rollouts),
+        },
+        summary=summarize(rollouts, rollouts_per_example=spec.rollouts_per_example),
+    )
 
 
 def save_run(path: Path, rollouts: list[Rollout], metadata: RunMetadata) -> None:

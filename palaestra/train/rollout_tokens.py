@@ -113,7 +113,11 @@ def cut_to_length(sequences: Sequence[TokenSequence], max_length: int) -> tuple[
     for seq in sequences:
         if len(seq.input_ids) > max_length:
             cut += 1
-            seq = replace(seq, input_ids=seq.input_ids[:max_length], mask=seq.mask[:max_length],
-                          sampler_logprobs=seq.sampler_logprobs[:max_length])  # fmt: skip
+            seq = replace(
+                seq,
+                input_ids=seq.input_ids[:max_length],
+                mask=seq.mask[:max_length],
+                sampler_logprobs=seq.sampler_logprobs[:max_length],
+            )
         out.append(seq)
     return out, cut

@@ -164,8 +164,13 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
     # -- 3. train ----------------------------------------------------------------------------------
     backbone, head = backbone_and_head(model)
     log = MetricsLog(run_dir, after_step=first_step, config=config) if world.main else NullLog()
-    show = TrainProgress(train.steps, done=first_step, log_every=config.output.log_every,
-                         plain=None if progress else True, quiet=progress is False or not world.main)  # fmt: skip
+    show = TrainProgress(
+        train.steps,
+        done=first_step,
+        log_every=config.output.log_every,
+        plain=None if progress else True,
+        quiet=progress is False or not world.main,
+    )
     last_saved = checkpoint
     model.train()
     with show, log, writes_stop_the_run(lambda: last_saved):
@@ -233,9 +238,16 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
             ):
                 full = shards.full_state(optimizer) if shards else None  # every rank: a collective
                 if world.main:
-                    last_saved = ckpt.save_checkpoint(run_dir, step + 1, model=model, tokenizer=tokenizer,
-                                                      optimizer=optimizer, scheduler=scheduler, full=full,
-                                                      extra={"data_fingerprint": fingerprint})  # fmt: skip
+                    last_saved = ckpt.save_checkpoint(
+                        run_dir,
+                        step + 1,
+                        model=model,
+                        tokenizer=tokenizer,
+                        optimizer=optimizer,
+                        scheduler=scheduler,
+                        full=full,
+                        extra={"data_fingerprint": fingerprint},
+                    )
                     write_curves([run_dir], run_dir / CURVES_FILE)
                     show.note(f"checkpoint: {last_saved}")
                 world.barrier()  # no rank runs ahead of a checkpoint it could be resumed from

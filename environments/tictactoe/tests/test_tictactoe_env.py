@@ -223,9 +223,17 @@ async def test_rewards_and_metrics_of_a_win_a_draw_and_a_loss() -> None:
     losses = [r for r in rollouts if r.state["outcome"] == "loss"]
     assert losses and all(r.reward == pytest.approx(0.2) and r.metrics["lost"] == 1.0 for r in losses)
     assert set(rollouts[0].metrics) == {
-        "win_reward", "format_reward", "invalid_move_penalty",
-        "won", "drew", "lost", "unfinished", "invalid_moves", "had_invalid_move", "turns",
-    }  # fmt: skip
+        "win_reward",
+        "format_reward",
+        "invalid_move_penalty",
+        "won",
+        "drew",
+        "lost",
+        "unfinished",
+        "invalid_moves",
+        "had_invalid_move",
+        "turns",
+    }
 
 
 def always_taken(messages: pa.Messages, rng: random.Random) -> str:

@@ -41,13 +41,34 @@ def test_sections_hold_all_of_a_page_but_its_headings() -> None:
 def test_split_page_levels_paths_empty_headings_and_parts() -> None:
     text = "\n".join(
         [
-            "The page", "********", "", "Intro text.", "",
-            "Group", "=====", "",  # no text of its own: not a section
-            "Alpha", "-----", "", "Alpha text.", "",
-            "Alpha", "-----", "", "Second alpha.", "",
-            "Long", "====", "", "x" * 40, "", "y" * 40, "", "z" * 40,
+            "The page",
+            "********",
+            "",
+            "Intro text.",
+            "",
+            "Group",
+            "=====",
+            "",  # no text of its own: not a section
+            "Alpha",
+            "-----",
+            "",
+            "Alpha text.",
+            "",
+            "Alpha",
+            "-----",
+            "",
+            "Second alpha.",
+            "",
+            "Long",
+            "====",
+            "",
+            "x" * 40,
+            "",
+            "y" * 40,
+            "",
+            "z" * 40,
         ]
-    )  # fmt: skip
+    )
     page = corpus.split_page("p", text, max_chars=90)
     assert page.title == "The page"
     got = [(s.id, s.title, s.path, s.level) for s in page.sections]
@@ -133,9 +154,28 @@ def test_long_queries_keep_their_first_words() -> None:
 
 @pytest.mark.parametrize(
     "query",
-    ['"', '""', "*", "a*", "NEAR", "NEAR(a b, 3)", "(", ")", "AND", "OR NOT", "col:term", "^x",
-     "-x", "'", "\x00", "🙂", "é" * 3, "word " * 5000, '"a" "b" NEAR/2 (c OR d)*'],
-)  # fmt: skip
+    [
+        '"',
+        '""',
+        "*",
+        "a*",
+        "NEAR",
+        "NEAR(a b, 3)",
+        "(",
+        ")",
+        "AND",
+        "OR NOT",
+        "col:term",
+        "^x",
+        "-x",
+        "'",
+        "\x00",
+        "🙂",
+        "é" * 3,
+        "word " * 5000,
+        '"a" "b" NEAR/2 (c OR d)*',
+    ],
+)
 def test_no_query_breaks_the_match_syntax(query: str) -> None:
     hits = default_index().search(query)
     assert isinstance(hits, list)

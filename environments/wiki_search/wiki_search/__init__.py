@@ -18,8 +18,27 @@ from wiki_search.rewards import answer_format, exact_match, normalize, read_gold
 from wiki_search.tools import NotFound, read_section, search_pages, view_sections
 
 __all__ = [
-    "QUESTIONS", "SYSTEM_PROMPT", "Index", "NotFound", "Page", "Question", "Section", "WikiSearchEnv",
-    "answer_format", "default_index", "exact_match", "load_environment", "make_rubric", "match_expression",
-    "normalize", "pages", "read_gold_section", "read_section", "rows", "search_pages", "searcher",
-    "sections", "view_sections",
-]  # fmt: skip
+    "QUESTIONS",
+    "SYSTEM_PROMPT",
+    "Index",
+    "NotFound",
+    "Page",
+    "Question",
+    "Section",
+    "WikiSearchEnv",
+    "answer_format",
+    "default_index",
+    "exact_match",
+    "load_environment",
+    "make_rubric",
+    "match_expression",
+    "normalize",
+    "pages",
+    "read_gold_section",
+    "read_section",
+    "rows",
+    "search_pages",
+    "searcher",
+    "sections",
+    "view_sections",
+]

@@ -50,13 +50,26 @@ STOPWORDS = frozenset(
 )
 
 KINDS: tuple[tuple[str, str], ...] = (  # (question word, kind)
-    ("exception", "exception"), ("error", "exception"), ("warning", "exception"),
-    ("method", "dunder"), ("attribute", "dunder"), ("value", "quoted"), ("variable", "quoted"),
-    ("pep", "pep"), ("version", "version"),
-    ("statement", "keyword"), ("keyword", "keyword"), ("function", "call"), ("utility", "call"),
-    ("how much", "number"), ("how many", "number"), ("evaluate", "number"), ("return", "number"),
-    ("default", "number"), ("part", "number"),
-)  # fmt: skip
+    ("exception", "exception"),
+    ("error", "exception"),
+    ("warning", "exception"),
+    ("method", "dunder"),
+    ("attribute", "dunder"),
+    ("value", "quoted"),
+    ("variable", "quoted"),
+    ("pep", "pep"),
+    ("version", "version"),
+    ("statement", "keyword"),
+    ("keyword", "keyword"),
+    ("function", "call"),
+    ("utility", "call"),
+    ("how much", "number"),
+    ("how many", "number"),
+    ("evaluate", "number"),
+    ("return", "number"),
+    ("default", "number"),
+    ("part", "number"),
+)
 PATTERNS = {
     "exception": re.compile(r"\b[A-Z][A-Za-z]*(?:Error|Exception|Warning|Exit|Iteration|Interrupt)\b"),
     "dunder": re.compile(r"\b__[a-z][a-z0-9_]*__\b"),

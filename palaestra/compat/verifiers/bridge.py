@@ -27,9 +27,23 @@ from palaestra.types import ModelResponse, Rollout, Sampling, State, Turn, Usage
 
 STATE_KEY = "verifiers_state"  # the verifiers state, in the palaestra state's (unsaved) resources
 UNSAVED = frozenset(
-    ("input", "prompt", "completion", "answer", "info", "trajectory", "responses", "client", "model",
-     "sampling_args", "oai_tools", "final_env_response", "reward", "metrics")
-)  # fmt: skip
+    (
+        "input",
+        "prompt",
+        "completion",
+        "answer",
+        "info",
+        "trajectory",
+        "responses",
+        "client",
+        "model",
+        "sampling_args",
+        "oai_tools",
+        "final_env_response",
+        "reward",
+        "metrics",
+    )
+)
 _CLIENT_ONLY = frozenset(
     ("n", "timeout", "extra_headers", "extra_query", "stream", "model", "messages", "tools")
 )

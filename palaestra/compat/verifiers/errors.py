@@ -44,6 +44,13 @@ class SandboxError(InfraError):
 
 
 __all__ = [
-    "EmptyModelResponseError", "Error", "InfraError", "ModelError", "OverlongPromptError", "SandboxError",
-    "ToolCallError", "ToolError", "ToolParseError",
-]  # fmt: skip
+    "EmptyModelResponseError",
+    "Error",
+    "InfraError",
+    "ModelError",
+    "OverlongPromptError",
+    "SandboxError",
+    "ToolCallError",
+    "ToolError",
+    "ToolParseError",
+]

@@ -67,9 +67,17 @@ async def ray_executor(config: RLConfig, sampler: RemoteSampler) -> RayExecutor 
         sampling=config.sampling.as_sampling(),
     )
     try:
-        executor = RayExecutor(config.env.id, config.env.args, client, address=section.ray_address,
-                               workers=section.workers or None, keep_workers=True, follow_model=True,
-                               option=OPTION, workers_option="sampler.workers")  # fmt: skip
+        executor = RayExecutor(
+            config.env.id,
+            config.env.args,
+            client,
+            address=section.ray_address,
+            workers=section.workers or None,
+            keep_workers=True,
+            follow_model=True,
+            option=OPTION,
+            workers_option="sampler.workers",
+        )
     except ExecutorError as exc:
         raise ConfigError(str(exc)) from None
     try:

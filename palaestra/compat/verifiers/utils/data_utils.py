@@ -59,6 +59,11 @@ def load_example_dataset(
 
 
 __all__ = [
-    "BOXED_SYSTEM_PROMPT", "THINK_BOXED_SYSTEM_PROMPT", "DatasetDownloadError", "extract_boxed_answer",
-    "extract_hash_answer", "load_example_dataset", "strip_non_numeric",
-]  # fmt: skip
+    "BOXED_SYSTEM_PROMPT",
+    "THINK_BOXED_SYSTEM_PROMPT",
+    "DatasetDownloadError",
+    "extract_boxed_answer",
+    "extract_hash_answer",
+    "load_example_dataset",
+    "strip_non_numeric",
+]
