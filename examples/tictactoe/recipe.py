@@ -76,36 +76,31 @@ PLANS = {
     "demo": Plan(
         8000,
         "tiny.toml",
-        ["tiny-rl.toml", "tiny-rl.toml"],
+        ["tiny-rl.toml"],
         200,
         64,
         sft_args=("--train.steps", "600"),
-        # lr 5e-4: at the full run's 1e-3 this weak student learned to repeat its move after the
-        # reply (README: the demo)
+        # one stage of 120 steps of 128 games at the full run's lr 1e-3, constant, against
+        # opponents of randomness 0-0.5: every window student measured gained draws there; on
+        # 0-0.75 one lost its draws, and two stages (0-0.25 or the optimal player, then 0-1) gave
+        # back in the second what the first had gained (README: the demo)
         rl_args=(
+            "--train.steps",
+            "120",
+            "--output.save_every",
+            "120",
             "--train.batch_size",
-            "96",
+            "128",
             "--train.max_concurrent",
-            "96",
+            "128",
             "--optim.lr",
-            "5e-4",
+            "1e-3",
             "--optim.schedule",
             "constant",
             "--eval.every",
             "0",
-        ),
-        # two stages: 60 steps against opponents that seldom blunder (randomness 0-0.25: it learns
-        # to draw), then 30 on the full run's 0-1 (to win); on 0-1 alone its draws fell
-        stage_args=(
-            (
-                "--train.steps",
-                "60",
-                "--output.save_every",
-                "60",
-                "--env.args",
-                env_args("tiny-rl.toml", max_random_move_prob=0.25),
-            ),
-            ("--train.steps", "30", "--output.save_every", "30"),
+            "--env.args",
+            env_args("tiny-rl.toml", max_random_move_prob=0.5),
         ),
         # both cores: SFT and RL data-parallel over two processes, the one-process step (same games)
         nproc=2,
