@@ -82,8 +82,9 @@ def build_tiny_model(
     With ``config.attention_window`` it is a Mistral instead, the same decoder whose attention is
     limited to the last ``attention_window`` tokens (sliding-window attention): for a task whose
     last message holds everything a reply needs, such as a game that shows the board every turn, a
-    small model then never has to learn to look past the long history. Deterministic for the same texts and config. With ``path`` both are also saved there as a
-    model directory that ``LocalClient`` and ``from_pretrained`` load.
+    small model then never has to learn to look past the long history. Deterministic for the same
+    texts and config. With ``path`` both are also saved there as a model directory that
+    ``LocalClient`` and ``from_pretrained`` load.
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
