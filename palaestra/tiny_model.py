@@ -94,8 +94,12 @@ def build_tiny_model(
             f"attention_window must be a positive number of tokens, got {config.attention_window}"
         )
     tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size, split_digits=config.split_digits)
-    window = {} if config.attention_window is None else {"sliding_window": config.attention_window}
-    kind, model_class = (LlamaConfig, LlamaForCausalLM) if not window else (MistralConfig, MistralForCausalLM)
+    kind: Any = LlamaConfig
+    model_class: Any = LlamaForCausalLM
+    window: dict[str, Any] = {}
+    if config.attention_window is not None:  # the same decoder with sliding-window attention
+        kind, model_class = MistralConfig, MistralForCausalLM
+        window = {"sliding_window": config.attention_window}
     architecture = kind(
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
