@@ -181,24 +181,16 @@ dir = "{out / "run"}"
 sample_every = 1
 sample_groups = 4
 """)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(HERE / "distributed_rl.py"),
-            str(tiny_model_dir),
-            str(out),
-            str(config),
-        ],
-        check=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
+    launch_rl_ranks(tiny_model_dir, out, config)
     return out
+
+
+def launch_rl_ranks(model_dir: Path, out: Path, config: Path, *args: str, pythonpath: str = "") -> None:
+    """``distributed_rl.py MODEL_DIR OUT CONFIG ARGS...`` on 2 torchrun ranks, one thread each."""
+    environ = {**os.environ, "OMP_NUM_THREADS": "1"} | ({"PYTHONPATH": pythonpath} if pythonpath else {})
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    script = [str(HERE / "distributed_rl.py"), str(model_dir), str(out), str(config), *args]
+    subprocess.run([*command, *script], check=True, env=environ, timeout=300)
 
 
 @pytest.mark.slow

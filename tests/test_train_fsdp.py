@@ -30,6 +30,7 @@ from distributed_rl import FSDP_CASES  # noqa: E402 - after the skips: it import
 from test_train_distributed import (  # noqa: E402
     assert_ranks_took_the_one_process_update,
     assert_same_weights,
+    launch_rl_ranks,
     metrics,
     sft_config,
     weights,
@@ -37,7 +38,6 @@ from test_train_distributed import (  # noqa: E402
 from test_train_rl import length_env_site  # noqa: E402
 from test_train_rl_remote import PROMPT, SEEDED, free_port, model_logprobs, serve_command  # noqa: E402
 
-HERE = Path(__file__).parent
 SHARDED = "(FSDP: optimizer state sharded)"  # the run line of a sharded run
 LAYERED = "(FSDP: weights sharded, gathered layer by layer)"  # of one in the layer mode
 
@@ -84,24 +84,7 @@ def sharded_ranks(
     mode = True if request.param == "fsdp" else "layers"
     config = rl_config(out / "rl.toml", tiny_model_dir, out / "run", steps=2, fsdp=mode)
     pythonpath = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(HERE / "distributed_rl.py"),
-            str(tiny_model_dir),
-            str(out),
-            str(config),
-            request.param,
-        ],
-        check=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath},
-        timeout=300,
-    )
+    launch_rl_ranks(tiny_model_dir, out, config, request.param, pythonpath=pythonpath)
     return out
 
 
