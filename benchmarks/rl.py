@@ -327,8 +327,9 @@ async def palaestra_steps(args: argparse.Namespace, work: Path, prompts: list[st
     from palaestra.train.losses import LossConfig
     from palaestra.train.model import backbone_and_head
     from palaestra.train.policy_update import policy_update
-    from palaestra.train.rl import LocalSampler, collect
+    from palaestra.train.rl_rollouts import collect
     from palaestra.train.rollout_tokens import batch_sequences
+    from palaestra.train.samplers.local import LocalSampler
     from palaestra.types import RunSpec, Sampling, derive_seed
 
     model, tokenizer = load(work)
@@ -404,7 +405,7 @@ async def palaestra_steps(args: argparse.Namespace, work: Path, prompts: list[st
 
 def run_palaestra_trainer(args: argparse.Namespace, work: Path, prompts: list[str]) -> list[dict[str, Any]]:
     """A whole ``train_rl`` run on the same environment: its own per-step timings from metrics.jsonl."""
-    from palaestra.train import rl
+    from palaestra.train import rl, rl_rollouts
     from palaestra.train import rl_config as c
     from palaestra.train.metrics import read_metrics
     from palaestra.train.sft_config import ModelConfig, OptimConfig
@@ -415,7 +416,9 @@ def run_palaestra_trainer(args: argparse.Namespace, work: Path, prompts: list[st
             self.client.eos_token_ids = set()  # type: ignore[attr-defined]  # as in run_palaestra
 
     rl.LocalSampler = Sampler  # type: ignore[misc]
-    rl.load_environment = lambda *_a, **_k: bench_env(prompts)  # the environment is not a registered one
+    rl_rollouts.load_environment = lambda *_a, **_k: bench_env(
+        prompts
+    )  # the environment is not a registered one
     out = work / f"palaestra-run-{os.getpid()}"
     config = c.RLConfig(
         model=ModelConfig(path=str(work / "model")),

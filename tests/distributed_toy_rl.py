@@ -9,10 +9,10 @@ import sys
 from toy_rl_env import load
 
 from palaestra.cli import main
-from palaestra.train import rl
+from palaestra.train import rl_rollouts
 
 if __name__ == "__main__":
-    rl.load_environment = load  # type: ignore[assignment]
+    rl_rollouts.load_environment = load  # type: ignore[assignment]
     code = main(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()

@@ -15,7 +15,7 @@ from palaestra.cli import main
 from palaestra.data.filter import Condition, filter_rollouts
 from palaestra.data.rollouts import rollouts_to_rows
 from palaestra.envs.group import EnvGroup, load_environment, schedule
-from palaestra.train.rl import step_examples
+from palaestra.train.rl_rollouts import step_examples
 
 ENVS = {
     "reverse_text": {"num_examples": 4},

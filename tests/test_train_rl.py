@@ -42,9 +42,9 @@ def toy_env(num_examples: int = 8, seed: int = 0) -> pa.Environment:
 @pytest.fixture(autouse=True)
 def toy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """``env.id = "toy"`` loads the toy environment; other ids load as usual."""
-    from palaestra.train import rl
+    from palaestra.train import rl_rollouts
 
-    real = rl.load_environment
+    real = rl_rollouts.load_environment
 
     def load(name: str, **kwargs: Any) -> pa.Environment:
         if name != "toy":
@@ -54,7 +54,7 @@ def toy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             raise EnvironmentArgsError(f"environment 'toy' does not take {unknown}")
         return toy_env(**kwargs)
 
-    monkeypatch.setattr(rl, "load_environment", load)
+    monkeypatch.setattr(rl_rollouts, "load_environment", load)
 
 
 @pytest.fixture
@@ -244,7 +244,7 @@ def test_a_batch_whose_every_rollout_failed_stops_the_run_in_one_line(
 ) -> None:
     """The reward raises on every reply from step 2 on: the run stops there, saying why, and does
     not go on step after step with "no signal"."""
-    from palaestra.train import rl
+    from palaestra.train import rl_rollouts
 
     calls = [0]
 
@@ -262,7 +262,7 @@ def test_a_batch_whose_every_rollout_failed_stops_the_run_in_one_line(
             return pa.SingleTurnEnv(dataset=rows, rubric=pa.Rubric([share_of_a]))
         return pa.SingleTurnEnv(dataset=rows, rubric=pa.Rubric([reward]))
 
-    monkeypatch.setattr(rl, "load_environment", load)
+    monkeypatch.setattr(rl_rollouts, "load_environment", load)
     code, _, err = run_cli(capsys, "train", "rl", config, "--quiet", "--train.steps", "4")
     run_dir = tmp_path / "run"
     errors = [line for line in err.splitlines() if line.startswith("palaestra: error:")]
@@ -334,7 +334,7 @@ async def test_the_trainer_scores_sampled_tokens_as_the_sampler_did(
     from palaestra.clients.local import LocalClient
     from palaestra.train.model import backbone_and_head
     from palaestra.train.policy_update import _padded, sampled_logprobs
-    from palaestra.train.rl import collect
+    from palaestra.train.rl_rollouts import collect
     from palaestra.train.rollout_tokens import batch_sequences
 
     client = LocalClient(str(tiny_model_dir))

@@ -33,9 +33,9 @@ TIMINGS = ("seconds", "_per_s")
 
 @pytest.fixture(autouse=True)
 def toy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from palaestra.train import rl
+    from palaestra.train import rl_rollouts
 
-    monkeypatch.setattr(rl, "load_environment", load)
+    monkeypatch.setattr(rl_rollouts, "load_environment", load)
 
 
 def free_port() -> int:

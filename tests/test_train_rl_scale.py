@@ -77,22 +77,22 @@ def served(port: int) -> str:
 
 @pytest.fixture(autouse=True)
 def toy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from palaestra.train import rl
+    from palaestra.train import rl_rollouts
 
-    monkeypatch.setattr(rl, "load_environment", load)
+    monkeypatch.setattr(rl_rollouts, "load_environment", load)
 
 
 @pytest.fixture(scope="module")
 def one_process(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference: the run in one process, sampled by the remote sampler."""
-    from palaestra.train import rl
+    from palaestra.train import rl_rollouts
 
     out = tmp_path_factory.mktemp("one-process")
     port = free_port()
     config = toy_config(out / "rl.toml", tiny_model_dir, out / "run", served(port))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OMP_NUM_THREADS", "1")
-        patch.setattr(rl, "load_environment", load)
+        patch.setattr(rl_rollouts, "load_environment", load)
         assert main(["train", "rl", str(config), "--quiet"]) == 0
     return out / "run"
 

@@ -160,13 +160,13 @@ def test_a_resumed_run_shows_each_step_once_in_tensorboard(
 def test_rl_steps_and_held_out_evaluations_reach_both_trackers(
     tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from palaestra.train import rl
+    from palaestra.train import rl_rollouts
 
     def load(name: str, **kwargs: Any) -> pa.Environment:
         rows = [{"question": f"say something {i + kwargs.get('seed', 0)}"} for i in range(4)]
         return pa.SingleTurnEnv(dataset=rows, rubric=pa.Rubric([lambda completion: 0.5]))
 
-    monkeypatch.setattr(rl, "load_environment", load)
+    monkeypatch.setattr(rl_rollouts, "load_environment", load)
     config = rl_toml(
         tmp_path / "rl.toml",
         tiny_model_dir,

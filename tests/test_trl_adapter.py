@@ -26,7 +26,7 @@ from palaestra.interop.trl import (
     train_dataset,
     trl_fields,
 )
-from palaestra.train.rl import collect
+from palaestra.train.rl_rollouts import collect
 from palaestra.train.rollout_tokens import TokenError
 from palaestra.types import RunSpec, Sampling
 

@@ -46,20 +46,13 @@ trainer gets every group back scored, with its token ids and logprobs, and train
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
 
-from palaestra.clients.base import ModelClient
-from palaestra.engine import GroupExecutor, stream_groups
-from palaestra.envs.base import Environment
 from palaestra.eval.ray_executor import RayExecutor
-from palaestra.registry import load_environment
 from palaestra.train import checkpoint as ckpt
 from palaestra.train import fsdp
 from palaestra.train.advantages import group_advantages
@@ -106,33 +99,15 @@ from palaestra.train.off_policy import Batches
 from palaestra.train.policy_update import Diverged, policy_update
 from palaestra.train.rl_config import RLConfig
 from palaestra.train.rl_records import RLProgress, evaluate_sets, sample_metadata, save_run, step_record
+from palaestra.train.rl_rollouts import check_template, collect, load_env, step_examples
 from palaestra.train.rollout_tokens import TokenError, batch_sequences, cut_to_length
+from palaestra.train.samplers.base import Sampler
 from palaestra.train.samplers.failures import check_batch, check_not_all_failed, every_rank, sampler_failures
 from palaestra.train.samplers.local import LocalSampler
 from palaestra.train.samplers.ray_rollouts import check_ray, ray_executor
 from palaestra.train.samplers.remote import RemoteSampler
 from palaestra.train.sft_config import ModelConfig
-from palaestra.types import Example, Rollout, RunSpec, derive_seed
-
-
-class Sampler(Protocol):
-    """Where rollouts are sampled: ``client`` answers the engine with the weights of the policy
-    version last synced; the trained weights change inside ``updating()`` and reach the client
-    through ``sync(version)``. ``LocalSampler`` samples the trained module in this process,
-    ``RemoteSampler`` a server (vLLM, ``palaestra serve``) that gets each version's weights."""
-
-    @property
-    def client(self) -> ModelClient: ...
-
-    async def start(self, version: int) -> None: ...
-
-    def updating(self) -> contextlib.AbstractAsyncContextManager[None]: ...
-
-    async def sync(self, version: int) -> None: ...
-
-    async def failure(self) -> str | None: ...
-
-    async def aclose(self) -> None: ...
+from palaestra.types import Rollout, RunSpec, derive_seed
 
 
 def train_rl(config: RLConfig, *, resume: str | Path | None = None, progress: bool | None = None) -> Path:
@@ -170,8 +145,8 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     device = join(world, pick_device(config.train.device))
     bf16 = use_bf16(config.train.mixed_precision, device)
     torch.manual_seed(config.train.seed)
-    env = _load_env(config.env.id, config.env.args, "env.args")
-    eval_envs = [(s.name, _load_env(config.env.id, s.args, f"eval.sets {s.name}")) for s in config.eval.sets]
+    env = load_env(config.env.id, config.env.args, "env.args")
+    eval_envs = [(s.name, load_env(config.env.id, s.args, f"eval.sets {s.name}")) for s in config.eval.sets]
     model_config = config.model
     if checkpoint is not None and not config.lora.enabled:  # full fine-tuning resumes from the saved weights
         model_config = ModelConfig(path=str(checkpoint), attn_implementation=config.model.attn_implementation)
@@ -179,7 +154,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
         model, tokenizer = load_model(
             model_config, lambda: message_texts(e.prompt for e in env.examples), device=device
         )
-        _check_template(tokenizer, env)
+        check_template(tokenizer, env)
         reference = None
         if config.loss.kl_beta > 0:
             reference = backbone_and_head(copy.deepcopy(model).eval().requires_grad_(False))
@@ -402,53 +377,6 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     final = point_final(run_dir, last_saved) if last_saved is not None else run_dir
     say(f"done: {final} (curves: {run_dir / 'curves.html'})")
     return run_dir
-
-
-async def collect(
-    env: Environment,
-    client: ModelClient,
-    examples: list[Example],
-    spec: RunSpec,
-    executor: GroupExecutor | None = None,
-) -> list[Rollout]:
-    """Every scored rollout of ``examples``: the engine's stream, as ``palaestra eval`` runs it (on
-    ``executor``'s workers when given)."""
-    rollouts: list[Rollout] = []
-    stream = executor.stream_groups if executor is not None else stream_groups
-    async with contextlib.aclosing(stream(env, client, examples, spec)) as groups:
-        async for group in groups:
-            rollouts.extend(group)
-    return sorted(rollouts, key=lambda r: (r.example_id, r.rollout_index))
-
-
-def step_examples(examples: Sequence[Example], step: int, count: int) -> list[Example]:
-    """The ``count`` consecutive examples of ``step``, wrapping around the dataset."""
-    n = len(examples)
-    return [examples[(step * count + i) % n] for i in range(count)]
-
-
-def _load_env(env_id: str, args: dict[str, Any], where: str) -> Environment:
-    from palaestra.registry import EnvironmentArgsError, EnvironmentNotFound
-
-    try:
-        return load_environment(env_id, **args)
-    except (EnvironmentNotFound, EnvironmentArgsError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-def _check_template(tokenizer: Any, env: Environment) -> None:
-    """The model's chat template must render the environment's messages (found here, not mid-run)."""
-    from palaestra.chat_template import prompt_ids
-
-    prompt, tools = env.examples[0].prompt, env.tool_schemas()
-    try:
-        prompt_ids(tokenizer, prompt, tools=tools)
-    except Exception as exc:  # noqa: BLE001 - jinja errors of any kind: one clear line
-        roles = ", ".join(str(m.get("role")) for m in prompt)
-        raise ConfigError(
-            f"the model's chat template cannot render the environment's first prompt ({roles}"
-            f"{', with tools' if tools else ''}): {exc}"
-        ) from None
 
 
 def resume_config(run_dir: str | Path, overrides: dict[str, str] | None = None) -> RLConfig:

@@ -1,4 +1,4 @@
-"""The RL trainer's samplers: implementations of ``palaestra.train.rl.Sampler``.
+"""The RL trainer's samplers: implementations of ``base.Sampler``, what the trainer needs of one.
 
 - ``local.py``: ``LocalSampler``, the trained module sampled in this process (nothing copied).
 - ``remote.py``: ``RemoteSampler``, a server that speaks vLLM's OpenAI API (vLLM itself, or
