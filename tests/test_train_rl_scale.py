@@ -3,8 +3,9 @@ LoRA sync: a fresh model name per version): 2 torchrun ranks (gloo) sharing it, 
 rolling out the groups. Both take the very steps of the one-process run with that sampler, for the
 same seed (the server samples each seeded request alike whatever shares its batch); a server that
 dies mid-run stops every rank with one line and a resumable run; a Ray worker killed mid-step has
-its groups run again elsewhere, and with every worker gone the run stops in one line; bad input is
-one line, exit 2, nothing written."""
+its groups run again elsewhere, and with every worker gone the run stops in one line; 2 ranks
+whose groups rank 0's Ray workers roll out take the same steps; bad input is one line, exit 2,
+nothing written."""
 
 from __future__ import annotations
 
@@ -212,9 +213,6 @@ def test_bad_scale_out_input_is_one_line_and_exit_2_before_anything_is_written(
     assert err == "palaestra: error: sampler.executor ray needs Ray: pip install 'palaestra[ray]'\n"
     monkeypatch.setenv("WORLD_SIZE", "2")  # a rank of torchrun's: refused before it joins the others
     monkeypatch.setenv("RANK", "0")
-    assert "the Ray workers sample for one training process" in refused(
-        str(config), "--sampler.executor", "ray"
-    )
     assert "train.max_off_policy_steps > 0 runs on one training process" in refused(
         str(config), "--train.max_off_policy_steps", "1"
     )
@@ -315,3 +313,32 @@ def test_every_ray_worker_gone_stops_the_run_in_one_line_before_it_trains(
     assert said in errors[0]
     stopped = int(errors[0].split("step ")[1].split(":")[0])  # 1, or 2 when step 1's groups were all back
     assert [r["step"] for r in records(run)] == list(range(stopped))  # the held-out games, then no step
+
+
+def test_two_ranks_take_the_one_process_steps_from_rank_0s_ray_workers(
+    cluster: Any, tiny_model_dir: Path, tmp_path: Path, one_process: Path
+) -> None:
+    """Under torchrun, rank 0 drives the Ray workers for every group of the step and the ranks'
+    exchange gives the other rank the whole batch: the one-process run's steps again."""
+    port = free_port()
+    config = toy_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", served(port))
+    address = cluster.get_runtime_context().gcs_address
+    done = subprocess.run(
+        [
+            *RANKS,
+            "train",
+            "rl",
+            str(config),
+            "--sampler.executor",
+            f"ray={address}",
+            "--sampler.workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TOY_RAY_ADDRESS": address},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rollouts on 2 Ray workers" in done.stdout  # rank 0 said it: the workers rolled out
+    assert_same_run(tmp_path / "run", one_process)  # every group once: had rank 0 sampled a share, half

@@ -40,7 +40,8 @@ push, and rank 0 writes them as a run without FSDP writes its model's.
 
 With ``sampler.executor = "ray"`` the groups of a step are rolled out by Ray workers that reach
 the remote server by URL (``samplers/ray_rollouts.py``, the eval path's ``RayExecutor``); the
-trainer gets every group back scored, with its token ids and logprobs, and trains as above.
+trainer gets every group back scored, with its token ids and logprobs, and trains as above. Under
+torchrun rank 0 drives the workers for the whole batch and the exchange gives it to the others.
 """
 
 from __future__ import annotations
@@ -121,11 +122,6 @@ def train_rl(config: RLConfig, *, resume: str | Path | None = None, progress: bo
             "train.max_off_policy_steps > 0 runs on one training process: the ranks would push and sample "
             "in an order of their own; use 0, or one process"
         )
-    if world.size > 1 and config.sampler.executor != "local":
-        raise ConfigError(
-            f"sampler.executor {config.sampler.executor}: the Ray workers sample for one training process; "
-            "run one process, or several with sampler.executor local"
-        )
     check_ray(config.sampler)  # no Ray, no cluster at the address: refused before the model loads
     try:
         return run_async(_train(config, Path(resume) if resume is not None else None, progress, world))
@@ -176,7 +172,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     else:  # with FSDP, every rank gathers the whole weights for each of rank 0's pushes
         sampler = RemoteSampler.of_run(config, model, tokenizer, run_dir, world, shards)
         await sampler.check_reachable()  # an external server that is not there: refused before any write
-        executor = await ray_executor(config, sampler)  # no Ray, no cluster there: refused here too
+        executor = await ray_executor(config, sampler, world)  # no Ray, no cluster: refused here too
     trainable, total = parameter_counts(model)
     say = print if progress is not False and world.main else (lambda *_: None)
     groups_per_step = config.train.batch_size // config.train.rollouts_per_example
@@ -234,7 +230,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
 
     # the ranks' requests to one remote server: train.max_concurrent in flight in all
     in_flight = config.train.max_concurrent
-    if not local:
+    if not local and config.sampler.executor == "local":
         in_flight = math.ceil(in_flight / world.size)
 
     def step_spec(step: int) -> RunSpec:
@@ -246,8 +242,12 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
         )
 
     async def sample(step: int) -> list[Rollout]:
-        mine = world.share(step_examples(env.examples, step, groups_per_step))  # this rank's groups
-        return await collect(env, sampler.client, mine, step_spec(step), executor)
+        examples = step_examples(env.examples, step, groups_per_step)
+        if config.sampler.executor == "local":
+            examples = world.share(examples)  # this rank's groups
+        elif not world.main:
+            examples = []  # rank 0's Ray workers roll out every group
+        return await collect(env, sampler.client, examples, step_spec(step), executor)
 
     ahead = config.train.max_off_policy_steps
     batches = Batches(sampler, sample, ahead=ahead, steps=config.train.steps, version=start)

@@ -12,15 +12,23 @@ unfinished groups run again on another one, and a new worker takes its place (at
 ``workers`` times in a run): a group counts once, from the one call that returned it.
 
 The workers stay up from the first step to the last (a cluster started here stops with the run).
+
+Under torchrun, rank 0 alone is the driver: it has the workers roll out every group of the step,
+the other ranks take an empty share, and the ranks' exchange of their rollouts gives every rank
+the whole batch (``rl.py``), as when each rank samples its own share. A refusal while the workers
+start is rank 0's, and every rank stops with it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import TYPE_CHECKING
 
 from palaestra.eval.ray_executor import ExecutorError, RayExecutor, check_address, import_ray
 from palaestra.train.config import ConfigError
+from palaestra.train.distributed import World
+from palaestra.train.samplers.failures import after_rank_0
 from palaestra.types import RunSpec
 
 if TYPE_CHECKING:
@@ -42,16 +50,33 @@ def check_ray(section: SamplerConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
-async def ray_executor(config: RLConfig, sampler: RemoteSampler) -> RayExecutor | None:
+async def ray_executor(config: RLConfig, sampler: RemoteSampler, world: World) -> RayExecutor | None:
     """The executor ``sampler.executor`` asks for, its workers started and their environment
-    loaded (None: this process samples). Bad input is a ``ConfigError`` (one line): no Ray, an
-    address where no cluster answers, more workers than CPUs, a node without the environment."""
+    loaded (None: this process samples; under torchrun, every rank but rank 0). Bad input is a
+    ``ConfigError`` (one line, rank 0's on every rank): no Ray, an address where no cluster
+    answers, more workers than CPUs, a node without the environment."""
+    if config.sampler.executor == "local":
+        return None
+    if world.size == 1:
+        return await _started(config, sampler)
+    executor, problem = None, None
+    if world.main:
+        try:
+            executor = await _started(config, sampler)
+        except ConfigError as exc:
+            problem = str(exc)
+    problem = await asyncio.to_thread(world.broadcast, problem)
+    if problem is not None:
+        await asyncio.to_thread(after_rank_0, world)  # rank 0 says it, then the others stop
+        raise ConfigError(problem)
+    return executor
+
+
+async def _started(config: RLConfig, sampler: RemoteSampler) -> RayExecutor:
     from palaestra.cli.common import ClientOptions
     from palaestra.train.samplers.remote import API_KEY_VAR
 
     section = config.sampler
-    if section.executor == "local":
-        return None
     client = ClientOptions(
         sampler.client.model,  # each call names the version synced last (follow_model)
         base_url=sampler.url,
