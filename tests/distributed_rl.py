@@ -3,7 +3,7 @@ batch of token sequences (in one process, or on this rank's share), then a short
 
 ``python -m torch.distributed.run --nproc-per-node 2 THIS MODEL OUT RL_CONFIG`` does both in one
 launch (a launch costs seconds): rank 0 saves each case's weights and figures in ``OUT``, then
-every rank trains the run ``RL_CONFIG`` describes. The test runs the same cases in its own
+every rank trains the run ``RL_CONFIG`` describes (``-``: none). The test runs the same cases in its own
 process and compares. With ``fsdp`` (or ``layers``) after RL_CONFIG, the cases of ``FSDP_CASES``
 run with the model sharded (``palaestra.train.fsdp``; ``layers``: its layer-by-layer mode) instead.
 """
@@ -120,7 +120,8 @@ def main() -> None:
             if world.main:
                 torch.save(weights, out / f"{case[0]}.pt")
                 (out / f"{case[0]}.json").write_text(json.dumps(dataclasses.asdict(stats)))
-        train_rl(load_config(RLConfig, rl_config), progress=False)  # in the process group joined here
+        if str(rl_config) != "-":  # "-": the cases only
+            train_rl(load_config(RLConfig, rl_config), progress=False)  # in the process group joined here
     finally:
         leave(world)
 

@@ -185,10 +185,12 @@ sample_groups = 4
     return out
 
 
-def launch_rl_ranks(model_dir: Path, out: Path, config: Path, *args: str, pythonpath: str = "") -> None:
-    """``distributed_rl.py MODEL_DIR OUT CONFIG ARGS...`` on 2 torchrun ranks, one thread each."""
+def launch_rl_ranks(
+    model_dir: Path, out: Path, config: Path, *args: str, pythonpath: str = "", nproc: int = 2
+) -> None:
+    """``distributed_rl.py MODEL_DIR OUT CONFIG ARGS...`` on ``nproc`` torchrun ranks, one thread each."""
     environ = {**os.environ, "OMP_NUM_THREADS": "1"} | ({"PYTHONPATH": pythonpath} if pythonpath else {})
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     script = [str(HERE / "distributed_rl.py"), str(model_dir), str(out), str(config), *args]
     subprocess.run([*command, *script], check=True, env=environ, timeout=300)
 
@@ -199,6 +201,17 @@ def test_each_rl_loss_at_2_processes_takes_the_one_process_update(
 ) -> None:
     for case in CASES:
         assert_ranks_took_the_one_process_update(tiny_model_dir, two_ranks, case)
+
+
+@pytest.mark.slow
+def test_each_rl_loss_at_3_processes_takes_the_one_process_update(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """More than 2 ranks: the 7 rollouts are dealt 3, 2 and 2 (one rollout: two ranks train nothing
+    and still take part in the sums)."""
+    launch_rl_ranks(tiny_model_dir, tmp_path, Path("-"), nproc=3)
+    for case in CASES:
+        assert_ranks_took_the_one_process_update(tiny_model_dir, tmp_path, case)
 
 
 def assert_ranks_took_the_one_process_update(model_dir: Path, ranks_dir: Path, case: Any) -> None:
