@@ -239,6 +239,11 @@ def cluster() -> Iterator[Any]:
     ray.shutdown()
 
 
+def on_ray_workers(config: Path, address: str) -> list[str]:
+    """``train rl CONFIG`` with its groups rolled out by 2 workers of the cluster at ``address``."""
+    return ["train", "rl", str(config), "--sampler.executor", f"ray={address}", "--sampler.workers", "2"]
+
+
 def test_ray_workers_roll_out_the_one_process_batches_even_when_one_is_killed_mid_step(
     cluster: Any,
     tiny_model_dir: Path,
@@ -264,18 +269,7 @@ def test_ray_workers_roll_out_the_one_process_batches_even_when_one_is_killed_mi
     port = free_port()
     config = toy_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", served(port))
     address = cluster.get_runtime_context().gcs_address  # the running cluster's: checked, then joined
-    code = main(
-        [
-            "train",
-            "rl",
-            str(config),
-            "--sampler.executor",
-            f"ray={address}",
-            "--sampler.workers",
-            "2",
-            "--quiet",
-        ]
-    )
+    code = main([*on_ray_workers(config, address), "--quiet"])
     assert code == 0, capsys.readouterr().err
     (executor,) = executors
     assert executor.stats.died == 1 and executor.stats.rerun >= 1 and executor.stats.started == 3
@@ -324,16 +318,7 @@ def test_two_ranks_take_the_one_process_steps_from_rank_0s_ray_workers(
     config = toy_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", served(port))
     address = cluster.get_runtime_context().gcs_address
     done = subprocess.run(
-        [
-            *RANKS,
-            "train",
-            "rl",
-            str(config),
-            "--sampler.executor",
-            f"ray={address}",
-            "--sampler.workers",
-            "2",
-        ],
+        [*RANKS, *on_ray_workers(config, address)],
         capture_output=True,
         text=True,
         timeout=300,
