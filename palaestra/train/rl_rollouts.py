@@ -39,6 +39,7 @@ def step_examples(examples: Sequence[Example], step: int, count: int) -> list[Ex
 
 
 def load_env(env_id: str, args: dict[str, Any], where: str) -> Environment:
+    """The environment ``env_id`` with ``args``; one it cannot load is a ``ConfigError`` naming ``where``."""
     from palaestra.registry import EnvironmentArgsError, EnvironmentNotFound
 
     try:
