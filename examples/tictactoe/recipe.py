@@ -105,7 +105,7 @@ PLANS = {
         # both cores: SFT and RL data-parallel over two processes, the one-process step (same games)
         nproc=2,
     ),
-    "tiny": Plan(20000, "tiny.toml", ["tiny-rl.toml"], 200, 64, nproc=2),
+    "tiny": Plan(30000, "tiny.toml", ["tiny-rl.toml"], 200, 64, nproc=2),
     "smollm2": Plan(600, "smollm2.toml", ["smollm2-rl.toml"], 200, 64),
 }
 
