@@ -52,6 +52,20 @@ def assert_same_weights(a: dict[str, Any], b: dict[str, Any], atol: float) -> No
     assert worst <= atol, f"weights differ by up to {worst}"
 
 
+def assert_same_adam_steps(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """The weights after the same AdamW steps at lr 1e-2 whose gradients were summed in another order:
+    all but 0.1% of them within 1e-5 and every one within 1e-3 (a tenth of a step). AdamW moves a
+    weight by about lr whatever the size of its gradient, so a weight whose gradient is near AdamW's
+    eps (1e-8) turns the last bits of the sums into a visible difference (measured on 2 ranks: 6 of
+    116,160 weights, up to 1.3e-4); a step on other gradients moves most weights differently."""
+    assert a.keys() == b.keys()
+    diffs = [(a[k].float() - b[k].float()).abs().flatten() for k in a]
+    total, loose = sum(d.numel() for d in diffs), sum(int((d > 1e-5).sum()) for d in diffs)
+    worst = max(float(d.max()) for d in diffs)
+    assert loose <= total / 1000, f"{loose} of {total} weights differ by more than 1e-5 (up to {worst})"
+    assert worst <= 1e-3, f"weights differ by up to {worst}"
+
+
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -103,18 +117,16 @@ def test_sft_steps_at_2_processes_are_the_one_process_steps_and_checkpoints_load
     code = main(["train", "sft", "--resume", str(split), "--train.steps", "2", "--nproc", "2", "--quiet"])
     err = capsys.readouterr().err
     assert code == 0, err
-    assert_same_weights(
-        weights(split / "checkpoints" / "step-000002"),
-        weights(run / "checkpoints" / "step-000002"),
-        atol=1e-4,
-    )  # 1% of one step of AdamW at lr 1e-2
+    assert_same_adam_steps(
+        weights(split / "checkpoints" / "step-000002"), weights(run / "checkpoints" / "step-000002")
+    )
     one, two = metrics(run), metrics(split)
     assert [r["step"] for r in two] == [1, 2]  # rank 0 alone wrote the log: no step twice
     for key in ("loss", "grad_norm", "trained_tokens", "tokens"):
         assert two[1][key] == pytest.approx(one[1][key], rel=1e-5), key
     # and the checkpoint saved at N=2 resumes at N=1, to the one-process run's step 3
     assert main(["train", "sft", "--resume", str(split), "--train.steps", "3", "--quiet"]) == 0
-    assert_same_weights(weights(split / "final"), weights(run / "final"), atol=1e-4)
+    assert_same_adam_steps(weights(split / "final"), weights(run / "final"))
     assert (split / "final").resolve().name == "step-000003"
 
 
