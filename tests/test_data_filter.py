@@ -175,6 +175,62 @@ def test_data_filter_refuses_to_overwrite_and_writes_nothing_when_nothing_passes
     assert "not allowed" in capsys.readouterr().err
 
 
+def test_mask_rejected_keeps_the_rejected_replies_as_context_with_weight_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from palaestra.train.data import load_chats
+
+    runs = tmp_path / "runs"
+    args = ["eval", "tictactoe", "-m", "scripted:tictactoe:recovering_teacher_player"]
+    args += ["-a", '{"num_examples": 60, "seed": 1}', "-n", "60", "-r", "1", "-o", str(runs), "--quiet"]
+    assert main(args) == 0
+    run = next((runs / "evals").glob("*/*"))
+    out, jsonl = tmp_path / "sft", tmp_path / "sft.jsonl"
+    mask = ["--mask-rejected", "^Invalid move"]
+    assert main(["data", "filter", str(run), "-o", str(out), *mask, "--jsonl", str(jsonl)]) == 0
+    rollouts = pa.load_run(run).rollouts
+    expected = [  # weight 0 on exactly the replies the environment answered "Invalid move: ..."
+        [
+            {**m, "weight": 0}
+            if m["role"] == "assistant" and after["content"].startswith("Invalid move:")
+            else m
+            for m, after in zip(r.messages, [*r.messages[1:], {"content": ""}], strict=True)
+        ]
+        for r in rollouts
+    ]
+    masked = sum(m.get("weight") == 0 for c in expected for m in c)
+    assert masked == sum(r.metrics["invalid_moves"] for r in rollouts) > 5
+    assert f"{masked} replies answered with /^Invalid move/ kept with weight 0" in capsys.readouterr().out
+    for data in (
+        out,
+        jsonl,
+    ):  # the dataset folder and the JSON lines: the same conversations, the same weights
+        assert [c.messages for c in load_chats(data)] == expected
+    assert json.loads((out / "palaestra_filter.json").read_text())["mask_rejected"] == "^Invalid move"
+    bad = tmp_path / "bad"
+    assert main(["data", "filter", str(run), "-o", str(bad), "--mask-rejected", "(unclosed"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a regular expression" in err and not bad.exists()
+
+
+def test_sft_data_refuses_a_weight_other_than_0_or_1_and_on_a_non_assistant_message(tmp_path: Path) -> None:
+    from palaestra.train.data import DataError, load_chats
+
+    for message, problem in (
+        ({"role": "assistant", "content": "b", "weight": 0.5}, "weight must be 0 or 1, got 0.5"),
+        ({"role": "assistant", "content": "b", "weight": "0"}, "weight must be 0 or 1, got '0'"),
+        ({"role": "user", "content": "b", "weight": 0}, "only an assistant message can have weight 0"),
+    ):
+        data = tmp_path / "chats.jsonl"
+        rows = [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}]
+        rows.append(
+            {"messages": [{"role": "user", "content": "a"}, message, {"role": "assistant", "content": "c"}]}
+        )
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with pytest.raises(DataError, match=f"row 1: .*{problem}"):
+            load_chats(data)
+
+
 HOSTILE = {
     "parentheses": "(" * 5000 + "reward" + ")" * 5000,
     "nots": "not " * 5000 + "reward",

@@ -142,6 +142,40 @@ def test_a_conversation_without_assistant_turns_is_an_error(tiny_tokenizer: Any)
         encode(tiny_tokenizer, [{"role": "user", "content": "hi"}], max_length=100, end_of_turn={1})
 
 
+def test_an_assistant_message_of_weight_0_is_context_and_not_trained(
+    tiny_tokenizer: Any, game: pa.Messages
+) -> None:
+    eot = end_of_turn_ids(tiny_tokenizer)
+    whole = encode(tiny_tokenizer, game, max_length=100_000, end_of_turn=eot)
+    turns = [i for i, m in enumerate(game) if m["role"] == "assistant"]
+    runs = trained_runs(whole)
+    assert len(runs) == len(turns)
+    for masked in (turns[0], turns[1], turns[-1]):  # the first, the invalid one, the last
+        messages = [{**m, "weight": 0} if i == masked else m for i, m in enumerate(game)]
+        encoded = encode(tiny_tokenizer, messages, max_length=100_000, end_of_turn=eot)
+        k = turns.index(masked)
+        kept = [run for j, run in enumerate(runs) if j != k]
+        assert trained_runs(encoded) == kept  # every other turn's tokens and labels, unchanged
+        assert encoded.input_ids == whole.input_ids[: kept[-1][-1][0] + 1]  # ids up to the last trained one
+        assert encoded.prompt_length == kept[0][0][0]
+    unweighted = [{**m, "weight": 0} if m["role"] == "assistant" else m for m in game]
+    with pytest.raises(ValueError, match="every one has weight 0"):
+        encode(tiny_tokenizer, unweighted, max_length=100_000, end_of_turn=eot)
+
+
+def trained_runs(encoded: Any) -> list[list[tuple[int, int]]]:
+    """The (position, label) of each run of trained tokens."""
+    runs: list[list[tuple[int, int]]] = []
+    for i, label in enumerate(encoded.labels):
+        if label == IGNORE:
+            continue
+        if runs and runs[-1][-1][0] == i - 1:
+            runs[-1].append((i, label))
+        else:
+            runs.append([(i, label)])
+    return runs
+
+
 @pytest.mark.parametrize("split_digits", [True, False])
 def test_split_digits_makes_a_cell_number_one_token_wherever_it_stands(split_digits: bool) -> None:
     """A tiny student copies a cell from the board to its move only if both are the same token."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 from palaestra.cli.common import UsageError
 from palaestra.data.filter import Condition, filter_rollouts
+from palaestra.data.rollouts import reply_weights, rollouts_to_rows, save_dataset
 from palaestra.eval.store import load_run
 from palaestra.types import Rollout
 
@@ -46,6 +48,14 @@ def add_data_parser(sub: Any) -> None:
         help="also drop rollouts with a reply not to imitate (cut at max_tokens, empty/missing <think>, a refusal)",
     )
     keep.add_argument(
+        "--mask-rejected",
+        default=None,
+        metavar="REGEX",
+        help="keep a reply whose next message (the environment's answer) matches REGEX in the conversation "
+        "but give it weight 0, so SFT does not train on it; e.g. '^Invalid move' keeps a teacher's "
+        "recoveries from its deliberate mistakes without teaching the mistakes",
+    )
+    keep.add_argument(
         "--jsonl", type=Path, default=None, metavar="PATH", help="also write the rows as JSON lines"
     )
     keep.set_defaults(func=cmd_filter)
@@ -54,6 +64,12 @@ def add_data_parser(sub: Any) -> None:
 def cmd_filter(args: argparse.Namespace) -> int:
     _check_outputs(args.output, args.jsonl)
     conditions = [Condition.parse(text) for text in args.where]
+    try:
+        rejected = re.compile(args.mask_rejected) if args.mask_rejected is not None else None
+    except re.error as exc:
+        raise UsageError(
+            f"--mask-rejected {args.mask_rejected!r} is not a regular expression: {exc}"
+        ) from None
     rollouts: list[Rollout] = []
     for run_dir in args.runs:
         run = load_run(run_dir)
@@ -68,6 +84,9 @@ def cmd_filter(args: argparse.Namespace) -> int:
         drop_flagged=args.drop_flagged,
     )
     print(f"kept {len(report.kept)} of {report.total} rollouts")
+    if rejected is not None:
+        masked = sum(reply_weights(r.messages, rejected).count(0) for r in report.kept)
+        print(f"  {masked} replies answered with /{rejected.pattern}/ kept with weight 0 (not trained)")
     for reason, count in report.dropped.most_common():
         print(f"  dropped {count}: {reason}")
     for kind, count in report.warnings.most_common():
@@ -77,16 +96,15 @@ def cmd_filter(args: argparse.Namespace) -> int:
         )
     if not report.kept:
         raise UsageError("no rollout passed: nothing written")
-    from palaestra.data.rollouts import rollouts_to_rows, save_dataset
-
     try:
-        save_dataset(report.kept, args.output)
+        save_dataset(report.kept, args.output, rejected)
         provenance = {
             "runs": [str(p) for p in args.runs],
             "where": [c.text for c in conditions],
             "keep_errors": args.keep_errors,
             "keep_truncated": args.keep_truncated,
             "drop_flagged": args.drop_flagged,
+            "mask_rejected": args.mask_rejected,
             "total": report.total,
             "kept": len(report.kept),
             "dropped": dict(report.dropped),
@@ -95,8 +113,14 @@ def cmd_filter(args: argparse.Namespace) -> int:
         (args.output / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
         if args.jsonl is not None:
             with args.jsonl.open("w") as f:
-                for rollout, row in zip(report.kept, rollouts_to_rows(report.kept), strict=True):
-                    row.update(prompt=rollout.prompt, completion=rollout.completion)  # chat messages as sent
+                for rollout, row in zip(report.kept, rollouts_to_rows(report.kept, rejected), strict=True):
+                    # the chat messages as sent, with weight 0 on the masked replies
+                    weights = reply_weights(rollout.messages, rejected)
+                    messages = [
+                        m if w else {**m, "weight": 0} for m, w in zip(rollout.messages, weights, strict=True)
+                    ]
+                    cut = len(rollout.prompt)
+                    row.update(prompt=messages[:cut], completion=messages[cut:])
                     f.write(json.dumps(row, default=repr) + "\n")
     except BaseException:
         shutil.rmtree(args.output, ignore_errors=True)  # nothing half-written

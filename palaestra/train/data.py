@@ -4,7 +4,8 @@ A folder is what ``palaestra eval --save-dataset`` and ``palaestra data filter``
 ``prompt`` and ``completion``, normalised chat messages; see ``palaestra.data.rollouts``), or any
 ``datasets`` folder with a ``messages`` column. A ``.jsonl`` file has one object a line, either
 ``{"messages": [...]}`` or ``{"prompt": [...], "completion": [...]}``. A row's ``tools`` (a list of
-tool schemas, or its JSON string) is rendered into the prompt as when the model was sampled.
+tool schemas, or its JSON string) is rendered into the prompt as when the model was sampled. An
+assistant message with ``"weight": 0`` is part of the conversation but not trained.
 The trainer does not filter: keeping the good rollouts is the data step's job.
 """
 
@@ -102,7 +103,7 @@ def _conversation(row: Mapping[str, Any], path: Path, index: int) -> Messages:
         )
     if not isinstance(messages, list) or not all(isinstance(m, Mapping) and "role" in m for m in messages):
         raise DataError(f"{path}: row {index}: messages must be a list of chat messages with a 'role'")
-    return messages_from_row([_normalised(m) for m in messages])
+    return messages_from_row([_normalised(m, path, index) for m in messages])
 
 
 def _tools(row: Mapping[str, Any], path: Path, index: int) -> list[dict[str, Any]] | None:
@@ -117,13 +118,24 @@ def _tools(row: Mapping[str, Any], path: Path, index: int) -> list[dict[str, Any
     return tools or None
 
 
-def _normalised(message: Mapping[str, Any]) -> dict[str, str]:
-    """A message in the dataset's normalised form (what ``messages_from_row`` reads back)."""
+def _normalised(message: Mapping[str, Any], path: Path, index: int) -> dict[str, Any]:
+    """A message in the dataset's normalised form (what ``messages_from_row`` reads back); an
+    assistant message's ``weight`` (OpenAI's fine-tuning format: 0 = not trained) is 0 or 1."""
     calls = message.get("tool_calls")
     content = message.get("content")
+    weight = message.get("weight")
+    if weight is None:
+        weight = 1
+    elif isinstance(weight, bool) or weight not in (0, 1):
+        raise DataError(f"{path}: row {index}: a message's weight must be 0 or 1, got {weight!r}")
+    elif weight == 0 and message["role"] != "assistant":
+        raise DataError(
+            f"{path}: row {index}: only an assistant message can have weight 0 (a {message['role']} one does)"
+        )
     return {
         "role": str(message["role"]),
         "content": content if isinstance(content, str) else "" if content is None else json.dumps(content),
         "tool_calls": calls if isinstance(calls, str) else json.dumps(calls) if calls else "",
         "tool_call_id": str(message.get("tool_call_id") or ""),
+        "weight": int(weight),
     }

@@ -1,5 +1,9 @@
 """Conversations to token ids and a loss mask: train on every assistant turn, nothing else.
 
+An assistant message with ``"weight": 0`` (OpenAI's fine-tuning format) stays in the conversation,
+so the turns after it see it, but is not trained: a teacher's deliberate mistake that the
+environment rejected teaches the student the recovery that follows it, not the mistake.
+
 The ids come from ``palaestra.chat_template``, the path ``LocalClient`` samples from, so the model
 is trained on exactly the ids it will see. The mask is found by rendering the conversation prefix
 by prefix: assistant turn ``i`` starts where the rendered prompt of ``messages[:i]`` (with the
@@ -84,8 +88,13 @@ def encode(
 ) -> Encoded:
     """``messages`` (given ``tools``) as ids and labels, cut at ``max_length`` tokens (the cut is counted)."""
     full, spans = assistant_spans(tokenizer, messages, end_of_turn, tools)
+    weights = [message.get("weight", 1) for message in messages if message.get("role") == "assistant"]
+    spans = [span for span, weight in zip(spans, weights, strict=True) if weight]
     if not spans:
-        raise ValueError("the conversation has no assistant message to learn")
+        raise ValueError(
+            "the conversation has no assistant message to learn"
+            + (" (every one has weight 0)" if weights else "")
+        )
     labels = [IGNORE] * len(full)
     for start, stop in spans:
         labels[start:stop] = full[start:stop]

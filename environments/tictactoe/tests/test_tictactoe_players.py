@@ -3,6 +3,7 @@ their scripted forms that read the board from the conversation and reply in the 
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -64,6 +65,36 @@ def test_the_candidates_teacher_plays_as_noisy_and_names_what_it_plays() -> None
     assert FORMAT.parse_answer(reply) in {str(c) for c in range(9)}
     with pytest.raises(ValueError, match="random_move_prob must be a number in"):
         ttt.candidates(1.5)
+
+
+def test_the_recovering_teacher_errs_once_a_game_at_most_and_then_plays_a_legal_move() -> None:
+    env = ttt.load_environment(num_examples=200, seed=1)
+    games = asyncio.run(
+        env.run(pa.ScriptedClient(ttt.recovering_teacher_player), pa.RunSpec(num_examples=200))
+    )
+    erred = 0
+    for game in games:
+        answers = [m["content"] for m in game.completion if m["role"] == "user"]
+        rejected = [i for i, text in enumerate(answers) if text.startswith("Invalid move:")]
+        assert game.metrics["invalid_moves"] == len(rejected) <= 1
+        for i in rejected:
+            assert "already taken" in answers[i]  # a taken cell, the mistake it makes
+            assert i + 1 < len(answers) and not answers[i + 1].startswith(
+                "Invalid move:"
+            )  # then a legal move
+        erred += bool(rejected)
+    assert 0.2 < erred / len(games) < 0.45  # ~1 game in 3 at 0.1 a turn
+    always = ttt.recovering(ttt.teacher_player, 1.0)
+    messages = [{"role": "user", "content": turn_message(opponent_event(4), "....O....")}]
+    assert always(messages, random.Random(0)) == "<think>Best: 4. I play 4.</think>\n<move>4</move>"
+    answer = {
+        "role": "user",
+        "content": "Invalid move: cell 4 is already taken by O. ...\n" + messages[0]["content"],
+    }
+    reply = always([*messages, {"role": "assistant", "content": "<move>4</move>"}, answer], random.Random(0))
+    assert read_move(reply, "....O....", FORMAT).cell is not None  # once rejected, the teacher's move
+    with pytest.raises(ValueError, match="mistake_prob must be a number in"):
+        ttt.recovering(ttt.teacher_player, 1.5)
 
 
 def test_heuristic_wins_before_it_blocks_and_blocks_when_it_must() -> None:

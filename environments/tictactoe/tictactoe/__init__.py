@@ -1,7 +1,9 @@
 """Tic-tac-toe: the reference environment of the talk that started palaestra, "Let LLMs Wander".
 
 ``load_environment`` builds it; ``random_player``, ``optimal_player``, ``heuristic_player``,
-``teacher_player`` (the recipe's teacher), ``noisy_player(p)`` and ``candidates_player(p)`` are scripted "models" for ``ScriptedClient`` or the CLI
+``teacher_player`` (the recipe's teacher), ``recovering_teacher_player`` (the same with a rejected
+mistake to recover from in about one game in three: the recipe's teacher data), ``noisy_player(p)``,
+``candidates_player(p)`` and ``recovering(policy, p)`` are scripted "models" for ``ScriptedClient`` or the CLI
 (``-m scripted:tictactoe:optimal_player``).
 """
 
@@ -19,6 +21,8 @@ from tictactoe.players import (
     optimal_player,
     random_move,
     random_player,
+    recovering,
+    recovering_teacher_player,
     scripted,
     teacher_player,
 )
@@ -47,6 +51,8 @@ __all__ = [
     "random_move",
     "random_player",
     "read_move",
+    "recovering",
+    "recovering_teacher_player",
     "render",
     "scripted",
     "teacher_player",

@@ -16,6 +16,7 @@ from typing import Any
 
 import palaestra as pa
 from tictactoe.game import CENTRE, CORNERS, FREE, LINES, Mark, free_cells, other, parse_board
+from tictactoe.protocol import INVALID
 from tictactoe.solver import optimal_moves, outcome_word, value
 
 
@@ -79,8 +80,7 @@ def heuristic_move(board: str, mark: Mark, rng: random.Random) -> Move:
 
 def noisy(random_move_prob: float) -> Player:
     """Random with probability ``random_move_prob``, else optimal: the environment's opponent."""
-    if isinstance(random_move_prob, bool) or not 0.0 <= random_move_prob <= 1.0:
-        raise ValueError(f"random_move_prob must be a number in [0, 1], got {random_move_prob!r}")
+    check_probability("random_move_prob", random_move_prob)
 
     def noisy_move(board: str, mark: Mark, rng: random.Random) -> Move:
         if rng.random() < random_move_prob:
@@ -99,8 +99,7 @@ def candidates(random_move_prob: float) -> Player:
     so a student that learns from it has a teacher to go beyond. Its think is what a small model
     can copy from: the cell it names is the cell it plays, and the cells it lists are free.
     """
-    if isinstance(random_move_prob, bool) or not 0.0 <= random_move_prob <= 1.0:
-        raise ValueError(f"random_move_prob must be a number in [0, 1], got {random_move_prob!r}")
+    check_probability("random_move_prob", random_move_prob)
 
     def candidates_move(board: str, mark: Mark, rng: random.Random) -> Move:
         best = optimal_moves(board, mark)
@@ -112,6 +111,11 @@ def candidates(random_move_prob: float) -> Player:
 
     candidates_move.__name__ = f"candidates_{random_move_prob:g}"
     return candidates_move
+
+
+def check_probability(name: str, p: float) -> None:
+    if isinstance(p, bool) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1], got {p!r}")
 
 
 def _completes_line(board: str, cell: int, mark: Mark) -> bool:
@@ -159,6 +163,40 @@ random_player = scripted(random_move, name="random_player")
 optimal_player = scripted(optimal_move, name="optimal_player")
 heuristic_player = scripted(heuristic_move, name="heuristic_player")
 teacher_player = scripted(candidates(0.2), name="teacher_player")  # the recipe's teacher
+
+
+def recovering(policy: Policy, mistake_prob: float) -> Policy:
+    """``policy`` with deliberate mistakes to recover from: teacher data that shows the recovery.
+
+    Once per game at most, on a turn with a taken cell, with probability ``mistake_prob``, it
+    names a taken cell and plays it. The environment rejects the move (the board unchanged) and
+    the policy answers that message as ``policy`` would. ``palaestra data filter --mask-rejected
+    '^Invalid move'`` gives the mistakes weight 0: SFT trains the student on the reply after a
+    rejection, which teacher games without mistakes never show it, and not on the mistake.
+    """
+    check_probability("mistake_prob", mistake_prob)
+
+    def recovering_policy(messages: list[dict[str, Any]], rng: random.Random) -> str:
+        board = board_from_messages(messages)
+        taken = [cell for cell in range(9) if board[cell] != FREE]
+        erred = any(
+            m.get("role") == "user" and pa.content_text(m.get("content")).startswith(INVALID)
+            for m in messages
+        )
+        if taken and not erred and rng.random() < mistake_prob:
+            cell = rng.choice(taken)
+            return f"<think>Best: {cell}. I play {cell}.</think>\n<move>{cell}</move>"
+        return policy(messages, rng)
+
+    recovering_policy.__name__ = f"recovering_{getattr(policy, '__name__', 'policy')}"
+    recovering_policy.__doc__ = (
+        f"{policy.__doc__} Plays a taken cell once per game with {mistake_prob:g} a turn."
+    )
+    return recovering_policy
+
+
+# the recipe's teacher data: the teacher, with a rejected mistake to recover from in ~1 game in 3
+recovering_teacher_player = recovering(teacher_player, 0.1)
 
 
 def noisy_player(p: float) -> Policy:

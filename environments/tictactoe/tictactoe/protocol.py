@@ -70,9 +70,12 @@ def opponent_event(cell: int) -> str:
     return f"Your opponent (O) played cell {cell}."
 
 
+INVALID = "Invalid move:"  # how the user turn after a rejected reply begins
+
+
 def invalid_event(problem: str) -> str:
     return (
-        f"Invalid move: {problem}. The board is unchanged and your opponent has not moved; "
+        f"{INVALID} {problem}. The board is unchanged and your opponent has not moved; "
         "reply with a free cell inside <move>...</move>."
     )
 
