@@ -286,27 +286,6 @@ def test_a_world_size_that_does_not_divide_the_batch_is_one_line_and_writes_noth
         "the world size (2 processes)" in capsys.readouterr().err
     )
     assert not (tmp_path / "rl").exists()
-    assert (
-        main(
-            [
-                "train",
-                "rl",
-                str(rl),
-                "--train.batch_size",
-                "8",
-                "--sampler.kind",
-                "vllm",
-                "--sampler.url",
-                "http://127.0.0.1:9/v1",
-                "--sampler.weights_dir",
-                str(tmp_path / "w"),
-                "--train.max_off_policy_steps",
-                "1",
-            ]
-        )
-        == 2
-    )
-    assert "train.max_off_policy_steps > 0 runs on one training process" in capsys.readouterr().err
 
 
 def test_a_checkpoint_of_another_model_is_refused_in_one_line_and_kept(

@@ -4,8 +4,8 @@ rolling out the groups. Both take the very steps of the one-process run with tha
 same seed (the server samples each seeded request alike whatever shares its batch); a server that
 dies mid-run stops every rank with one line and a resumable run; a Ray worker killed mid-step has
 its groups run again elsewhere, and with every worker gone the run stops in one line; 2 ranks
-whose groups rank 0's Ray workers roll out take the same steps; bad input is one line, exit 2,
-nothing written."""
+whose groups rank 0's Ray workers roll out take the same steps, and so do 2 ranks sampling a step
+ahead; bad input is one line, exit 2, nothing written."""
 
 from __future__ import annotations
 
@@ -149,6 +149,48 @@ def test_two_ranks_share_one_remote_sampler_and_take_the_one_process_steps(
     assert sorted(p.name for p in (tmp_path / "run" / "sampler").glob("adapter-v*")) == ["adapter-v2"]
 
 
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_two_ranks_sampling_ahead_push_together_and_one_step_ahead_take_the_one_process_steps(
+    tiny_model_dir: Path, tmp_path: Path, ahead: int
+) -> None:
+    """``train.max_off_policy_steps = k``: the next batches are sampled while the ranks train, with
+    the weights the server has; rank 0 samples all of them and pushes when it finds the server idle,
+    and says so to the other rank, so both push at the same points. At k = 1 that is the same
+    schedule as in one process (steps 2 and 3 one step behind), so the steps are the same; at k = 2
+    whether the server is idle is a matter of timing (rank 1 always finds it idle: it samples
+    nothing), so the check is that the ranks agree and every batch is at most k steps behind."""
+    steps = ["--train.max_off_policy_steps", str(ahead), "--train.steps", str(ahead + 2)]
+    config = toy_config(tmp_path / "rl.toml", tiny_model_dir, tmp_path / "run", served(free_port()))
+    done = subprocess.run(
+        [*RANKS, "train", "rl", str(config), "--quiet", *steps], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    two = figures(tmp_path / "run")
+    stale = [r.get("off_policy_steps") for r in two[1:]]
+    assert [r["step"] - 1 - r["policy_version"] for r in two[1:]] == stale and max(stale) <= ahead
+    assert stale[: ahead + 1] == list(range(ahead + 1))  # step k+1's batch was started before step 1 trained
+    for record in two[1:]:  # every saved rollout carries the version that sampled it; a stale one differs
+        sample = pa.load_run(tmp_path / "run" / "samples" / f"step-{record['step']:06d}")
+        assert {r.policy_version for r in sample.rollouts} == {record["policy_version"]}
+        assert (record["mismatch/log_ratio_max"] > 1e-3) is (record["off_policy_steps"] > 0), record
+    if ahead > 1:
+        return
+    alone = tmp_path / "alone"
+    config = toy_config(tmp_path / "alone.toml", tiny_model_dir, alone, served(free_port()))
+    assert main(["train", "rl", str(config), "--quiet", *steps]) == 0
+    one = figures(alone)
+    assert stale == [0, 1, 1]
+    for here, there in zip(one, two, strict=True):  # the same samples, the same updates, to float noise
+        assert here.keys() == there.keys()
+        for key, value in here.items():
+            assert there[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (here["step"], key)
+    for step in (1, 2, 3):  # the very tokens of every group
+        name = f"step-{step:06d}"
+        ids, logprobs = sampled(tmp_path / "run" / "samples" / name)
+        ref_ids, ref_logprobs = sampled(alone / "samples" / name)
+        assert ids == ref_ids and logprobs == pytest.approx(ref_logprobs, abs=1e-4)
+
+
 def test_a_server_that_dies_mid_run_stops_both_ranks_in_one_line_and_the_run_resumes(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -211,11 +253,6 @@ def test_bad_scale_out_input_is_one_line_and_exit_2_before_anything_is_written(
         patch.setitem(sys.modules, "ray", None)  # Ray not installed
         err = refused(str(config), "--sampler.executor", "ray")
     assert err == "palaestra: error: sampler.executor ray needs Ray: pip install 'palaestra[ray]'\n"
-    monkeypatch.setenv("WORLD_SIZE", "2")  # a rank of torchrun's: refused before it joins the others
-    monkeypatch.setenv("RANK", "0")
-    assert "train.max_off_policy_steps > 0 runs on one training process" in refused(
-        str(config), "--train.max_off_policy_steps", "1"
-    )
 
 
 # -- Ray: last in the module, whose cluster stays up until its end -------------------------------

@@ -11,6 +11,12 @@ so weights never change under a batch. New weights are pushed only when no batch
 in the foreground: the trainer waits for the push, so the weights do not change while they are
 written. With k = 0 every batch starts after the weights of the step before were pushed: the
 on-policy loop, call for call.
+
+Under torchrun every rank keeps its own ``Batches`` and calls it at the same points of the loop,
+and the remote sampler's pushes are collectives, so every rank must push at the same points too.
+Whether the sampler is idle is a matter of timing, so ``agree`` gives every rank rank 0's answer
+(a broadcast at each point a push may happen); rank 0 samples every group (the others' batches are
+empty and the ranks' exchange gives them the rollouts), so its answer is the one that counts.
 """
 
 from __future__ import annotations
@@ -45,8 +51,10 @@ class Batches:
         ahead: int,
         steps: int,
         version: int,
+        agree: Callable[[bool], Awaitable[bool]] | None = None,
     ) -> None:
         self.sampler, self._sample, self.ahead, self.steps = sampler, sample, ahead, steps
+        self._agree = agree  # several ranks: rank 0's view of whether the sampler is idle
         self.served = version  # the version the sampler samples with
         self.trained = version  # the newest version the trainer has
         self.sync_seconds = 0.0  # time spent pushing weights, summed (the trainer reads and resets it)
@@ -108,7 +116,12 @@ class Batches:
             return Batch(rollouts, version, time.perf_counter() - t0)
 
     async def _push_if_idle(self) -> None:
-        if self.trained > self.served and all(task.done() for task in self._tasks.values()):
+        if self.trained <= self.served:  # the same on every rank: nothing to agree on
+            return
+        idle = all(task.done() for task in self._tasks.values())
+        if self._agree is not None:
+            idle = await self._agree(idle)
+        if idle:
             async with self._lock:
                 await self._push()
 

@@ -29,7 +29,8 @@ against the trainer's own logprobs before the update (``mismatch.py``).
 
 Under torchrun (``distributed.py``), each rank samples its share of the step's groups, with its
 own copy of the policy or from the one remote server (rank 0 owns it and pushes the weights; the
-others wait for each push: ``samplers/remote.py``); the ranks exchange their rollouts, so
+others wait for each push: ``samplers/remote.py``); off-policy, rank 0 samples every group ahead
+and tells the others when it pushes (``off_policy.py``); the ranks exchange their rollouts, so
 advantages, logs and samples are the whole batch's; each rank then updates on every N-th rollout
 with the batch's token weights and the gradients are summed: N ranks take the one-process step.
 Only rank 0 writes and evaluates. With ``train.fsdp`` (``fsdp.py``) the optimizer state, and the
@@ -117,11 +118,6 @@ def train_rl(config: RLConfig, *, resume: str | Path | None = None, progress: bo
 
     world = world_from_env()  # one process, or one rank of torchrun's
     check_shares(config.train, world)  # a group is never split across ranks
-    if world.size > 1 and config.train.max_off_policy_steps:
-        raise ConfigError(
-            "train.max_off_policy_steps > 0 runs on one training process: the ranks would push and sample "
-            "in an order of their own; use 0, or one process"
-        )
     check_ray(config.sampler)  # no Ray, no cluster at the address: refused before the model loads
     try:
         return run_async(_train(config, Path(resume) if resume is not None else None, progress, world))
@@ -228,9 +224,13 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     last_saved = checkpoint
     model.eval()
 
+    # rank 0 alone rolls out the whole batch when Ray workers do or batches are sampled ahead: its
+    # pushes then follow its own view of when the sampler is idle, which the other ranks are told
+    ahead = config.train.max_off_policy_steps
+    alone = config.sampler.executor == "ray" or ahead > 0
     # the ranks' requests to one remote server: train.max_concurrent in flight in all
     in_flight = config.train.max_concurrent
-    if not local and config.sampler.executor == "local":
+    if not local and not alone:
         in_flight = math.ceil(in_flight / world.size)
 
     def step_spec(step: int) -> RunSpec:
@@ -243,14 +243,17 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
 
     async def sample(step: int) -> list[Rollout]:
         examples = step_examples(env.examples, step, groups_per_step)
-        if config.sampler.executor == "local":
+        if not alone:
             examples = world.share(examples)  # this rank's groups
         elif not world.main:
-            examples = []  # rank 0's Ray workers roll out every group
+            examples = []  # rank 0 (or its Ray workers) rolls out every group
         return await collect(env, sampler.client, examples, step_spec(step), executor)
 
-    ahead = config.train.max_off_policy_steps
-    batches = Batches(sampler, sample, ahead=ahead, steps=config.train.steps, version=start)
+    async def rank_0_says(idle: bool) -> bool:
+        return bool(await asyncio.to_thread(world.broadcast, idle))
+
+    agree = rank_0_says if world.size > 1 and ahead else None
+    batches = Batches(sampler, sample, ahead=ahead, steps=config.train.steps, version=start, agree=agree)
     try:
         with show, log, writes_stop_the_run(lambda: last_saved):
             if start == 0 and eval_envs and world.main:  # where the policy starts from

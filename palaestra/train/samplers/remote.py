@@ -19,7 +19,7 @@ same ones) and then broadcasts the model name to ask for (a LoRA adapter's name 
 version), or why it could not; the other ranks wait for that broadcast in ``start`` and in each
 ``sync``, so no rank samples before the weights it should sample are served. Every rank calls
 ``sync`` for the same versions in the same order (``off_policy.Batches`` pushes at the same points
-on each): the broadcasts pair up. With ``train.fsdp`` each rank holds only shards of the weights:
+on each; sampling ahead, it pushes when rank 0 finds the sampler idle): the broadcasts pair up. With ``train.fsdp`` each rank holds only shards of the weights:
 before each push (in ``start`` and ``sync``) every rank takes part in gathering the whole weights
 (``Shards.full_weights``, the gather a checkpoint makes), and rank 0 writes those, as a run
 without FSDP writes its model's.
