@@ -40,7 +40,14 @@ from palaestra.eval.stats import Rate, change
 
 HERE = Path(__file__).parent
 TEACHER = "scripted:tictactoe:teacher_player"  # names the optimal cells; plays at random 20% of the time
-KEEP = ["won == 1 or drew == 1", "format_reward == 1", "invalid_moves == 0"]  # the teacher games to imitate
+# its games for SFT: the same teacher with a deliberate invalid move (a taken cell) in ~1 game in 3,
+# then its reply to the rejection; the mistake is kept as context with weight 0 (MASK), so the
+# student learns to answer "Invalid move: ..." with a free cell, which games without one never show
+DATA_TEACHER = "scripted:tictactoe:recovering_teacher_player"
+KEEP = ["won == 1 or drew == 1", "format_reward == 1"]  # the teacher games to imitate
+MASK = "^Invalid move"  # the replies the environment rejected: context, not trained
+# the demo's data as it was measured: the teacher's own games, those without an invalid move
+PLAIN = ("scripted:tictactoe:teacher_player", [*KEEP, "invalid_moves == 0"], None)
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,8 @@ class Plan:
     rl_args: tuple[str, ...] = ()  # every RL stage's overrides
     stage_args: tuple[tuple[str, ...], ...] = ()  # each RL stage's own, after rl_args (one per stage)
     nproc: int = 1  # training processes (data-parallel, ``--nproc``), at most one per core
+    # the teacher data: the scripted teacher, the filter's conditions, the replies masked (regex)
+    data: tuple[str, list[str], str | None] = (DATA_TEACHER, KEEP, MASK)
 
     def __post_init__(self) -> None:
         if self.stage_args and len(self.stage_args) != len(self.rl):
@@ -104,9 +113,10 @@ PLANS = {
         ),
         # both cores: SFT and RL data-parallel over two processes, the one-process step (same games)
         nproc=2,
+        data=PLAIN,  # as measured; not yet with the recovering teacher's games
     ),
     "tiny": Plan(30000, "tiny.toml", ["tiny-rl.toml"], 200, 64, nproc=2),
-    "smollm2": Plan(600, "smollm2.toml", ["smollm2-rl.toml"], 200, 64),
+    "smollm2": Plan(600, "smollm2.toml", ["smollm2-rl.toml"], 200, 64, data=PLAIN),  # as measured
 }
 
 
@@ -148,14 +158,16 @@ def main() -> None:
     nproc = args.nproc or max(1, min(plan.nproc, os.cpu_count() or 1))
 
     start = time.perf_counter()
-    teacher = args.workdir / f"teacher-{teacher_games}-won-drew"
+    data_teacher, keep, mask = plan.data
+    kind = "-recovering" if mask else ""
+    teacher = args.workdir / f"teacher-{teacher_games}{kind}-won-drew"
     if not teacher.exists():
         env_args = json.dumps({"num_examples": teacher_games, "seed": 1})  # evaluation games use seed 0
         out = palaestra(
             "eval",
             "tictactoe",
             "-m",
-            TEACHER,
+            data_teacher,
             "-a",
             env_args,
             "-n",
@@ -167,8 +179,9 @@ def main() -> None:
             args.workdir / "teacher",
             echo=False,
         )
-        where = [a for condition in KEEP for a in ("-w", condition)]
-        palaestra("data", "filter", saved_run(out), *where, "-o", teacher)
+        where = [a for condition in keep for a in ("-w", condition)]
+        masked = ("--mask-rejected", mask) if mask else ()
+        palaestra("data", "filter", saved_run(out), *where, *masked, "-o", teacher)
     times["teacher data"] = time.perf_counter() - start
 
     models: dict[str, Path | str] = {"teacher": TEACHER}
