@@ -227,7 +227,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
     # rank 0 alone rolls out the whole batch when Ray workers do or batches are sampled ahead: its
     # pushes then follow its own view of when the sampler is idle, which the other ranks are told
     ahead = config.train.max_off_policy_steps
-    alone = config.sampler.executor == "ray" or ahead > 0
+    alone = config.sampler.executor != "local" or ahead > 0  # "ray" or "ray=ADDRESS"
     # the ranks' requests to one remote server: train.max_concurrent in flight in all
     in_flight = config.train.max_concurrent
     if not local and not alone:
