@@ -3,6 +3,7 @@
 ``import palaestra as pa`` gives the whole public API.
 """
 
+from palaestra._version import __version__
 from palaestra.binding import BindingError
 from palaestra.clients import (
     BadResponseError,
@@ -62,8 +63,6 @@ from palaestra.types import (
     content_text,
     derive_seed,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BadResponseError",

@@ -109,6 +109,7 @@ def test_the_sdist_has_the_package_docs_and_changelog_only(dists: dict[str, Path
         "mkdocs.yml",
         "docs/releasing.md",
         "palaestra/__init__.py",
+        "palaestra/_version.py",
         "palaestra/eval/report_assets/report.css",
     ):
         assert path in names, path

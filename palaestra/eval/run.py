@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-import palaestra
+from palaestra._version import __version__
 from palaestra.clients.base import ModelClient
 from palaestra.engine import GroupExecutor, stream_groups
 from palaestra.envs.base import Environment
@@ -219,7 +219,7 @@ def _new_metadata(
         pass_threshold=env.pass_threshold,
         rubric=env.metric_info(),
         versions={
-            "palaestra": palaestra.__version__,
+            "palaestra": __version__,
             "env_package": _env_package(env_id),
             "python": platform.python_version(),
         },

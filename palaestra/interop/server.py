@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-import palaestra
+from palaestra._version import __version__
 from palaestra.envs.base import Environment
 from palaestra.interop import wire
 from palaestra.interop.episodes import EpisodeProblem, Episodes
@@ -70,7 +70,7 @@ class EnvServer:
             {
                 "name": self.name,
                 "description": doc[0] if doc else "",
-                "version": palaestra.__version__,
+                "version": __version__,
                 "num_examples": len(self.env.examples),
                 "tools": self.env.tool_schemas(),
                 "sampling": wire.sampling_dict(self.env.sampling),
