@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from palaestra.interop.episodes import Episode, EpisodeProblem
-from palaestra.types import SEED_RANGE, Example, ModelResponse, Sampling, Usage, _jsonable, derive_seed
+from palaestra.rollout_json import jsonable
+from palaestra.types import SEED_RANGE, Example, ModelResponse, Sampling, Usage, derive_seed
 
 MAX_ID_LENGTH = 255
 
@@ -223,8 +224,8 @@ def example_dict(example: Example) -> dict[str, Any]:
     return {
         "id": example.id,
         "prompt": example.prompt,
-        "answer": _jsonable(example.answer),
-        "info": _jsonable(example.info),
+        "answer": jsonable(example.answer),
+        "info": jsonable(example.info),
     }
 
 
