@@ -17,9 +17,10 @@ import orjson
 import pytest
 
 from palaestra.hub import index, pages
-from palaestra.hub.catalog import MIGRATIONS, Catalog, CatalogError
+from palaestra.hub.catalog import Catalog
 from palaestra.hub.client import HubError, attach_results, projects, set_yanked, upload
 from palaestra.hub.data import HubData
+from palaestra.hub.database import MIGRATIONS, CatalogError
 from palaestra.hub.export import export
 from palaestra.hub.install import plan_install
 from palaestra.hub.results import RECORD_KEYS

@@ -38,8 +38,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from packaging.version import Version
 
 from palaestra.hub import forms, index, pages
-from palaestra.hub.catalog import CatalogError, User
+from palaestra.hub.catalog import User
 from palaestra.hub.data import HubData
+from palaestra.hub.database import CatalogError
 from palaestra.hub.dist import FRAMEWORK, DistError, DistInfo, inspect_dist, normalize
 from palaestra.hub.results import ResultError, run_record
 from palaestra.serve import serve_until_signal
