@@ -22,7 +22,7 @@ from palaestra.hub.client import HubError, attach_results, projects, set_yanked,
 from palaestra.hub.data import HubData
 from palaestra.hub.database import MIGRATIONS, CatalogError
 from palaestra.hub.export import export
-from palaestra.hub.install import plan_install
+from palaestra.hub.install_plan import plan_install
 from palaestra.hub.results import RECORD_KEYS
 from palaestra.testing.hub import build_dists, running_hub, write_env_package
 
