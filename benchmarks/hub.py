@@ -53,9 +53,9 @@ import aiohttp
 import orjson
 
 from palaestra.hub.client import upload
+from palaestra.hub.data import HubData
 from palaestra.hub.export import export
 from palaestra.hub.index import HTML_TYPE, JSON_TYPE
-from palaestra.hub.server import HubData
 from palaestra.runner import run_async
 from palaestra.testing.hub import build_dists, hub_process, write_env_package
 

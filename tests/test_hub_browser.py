@@ -32,8 +32,8 @@ import pytest
 from browser import chrome
 
 from palaestra.hub.client import attach_results, upload
+from palaestra.hub.data import HubData
 from palaestra.hub.dist import DistInfo
-from palaestra.hub.server import HubData
 from palaestra.runner import run_async
 from palaestra.testing.hub import build_dists, hub_process, write_env_package
 

@@ -35,8 +35,8 @@ from package_index import static_server
 
 from palaestra.hub.catalog import Catalog
 from palaestra.hub.client import upload
+from palaestra.hub.data import HubData
 from palaestra.hub.index import JSON_TYPE
-from palaestra.hub.server import HubData
 from palaestra.testing.hub import build_dists, hub_process, write_env_package
 
 REPO = Path(__file__).resolve().parents[1]

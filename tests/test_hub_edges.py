@@ -20,7 +20,7 @@ import orjson
 import pytest
 from test_hub_dist import WHEEL_NAME, wheel_members, write_wheel
 
-from palaestra.hub.server import HubData
+from palaestra.hub.data import HubData
 from palaestra.testing.hub import running_hub
 
 PROJECT, WHEEL = "palaestra-env-demo", WHEEL_NAME

@@ -17,7 +17,7 @@ from package_index import make_wheel, static_server, write_index
 
 from palaestra.hub import pages
 from palaestra.hub.dist import DistError, check_project_name
-from palaestra.hub.install import plan_install
+from palaestra.hub.install_plan import plan_install
 from palaestra.testing.hub import hub_process, write_env_package
 
 ECHO = "palaestra-env-echo"

@@ -30,8 +30,9 @@ from package_index import make_wheel, static_server, write_index
 from packaging.markers import default_environment
 
 from palaestra.hub.client import HubError, upload
-from palaestra.hub.install import PipCommand, inspect_target, install, plan_install
-from palaestra.hub.server import HubData
+from palaestra.hub.data import HubData
+from palaestra.hub.install import PipCommand, inspect_target, install
+from palaestra.hub.install_plan import plan_install
 from palaestra.testing.hub import build_dists, hub_process, write_env_package
 
 _SCRIPT = Path(sys.executable).with_name("palaestra")

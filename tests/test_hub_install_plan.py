@@ -22,7 +22,7 @@ from package_index import answering_server, make_wheel, static_server, write_ind
 
 from palaestra.hub import index
 from palaestra.hub.client import HubError, index_files
-from palaestra.hub.install import plan_install
+from palaestra.hub.install_plan import plan_install
 
 _SCRIPT = Path(sys.executable).with_name("palaestra")
 CLI = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "palaestra.cli"]

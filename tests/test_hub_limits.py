@@ -22,8 +22,8 @@ from test_hub_dist import INFO, SDIST_NAME, WHEEL_NAME, sdist_members, wheel_mem
 
 from palaestra.hub.archive import MAX_TAR_EXTENSION
 from palaestra.hub.client import HubError, upload
+from palaestra.hub.data import HubData
 from palaestra.hub.dist import DistError, Limits, inspect_dist
-from palaestra.hub.server import HubData
 from palaestra.testing.hub import running_hub
 
 MiB = 1 << 20

@@ -21,8 +21,8 @@ import pytest
 
 from palaestra.hub.catalog import Catalog
 from palaestra.hub.client import HubError, upload
+from palaestra.hub.data import HubData
 from palaestra.hub.index import JSON_TYPE
-from palaestra.hub.server import HubData
 from palaestra.testing.hub import build_dists, hub_process, running_hub, write_env_package
 
 # what pip sends for an index page: PEP 691 JSON preferred, HTML accepted

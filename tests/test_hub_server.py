@@ -17,12 +17,13 @@ import orjson
 import pytest
 
 from palaestra.hub import index, pages
-from palaestra.hub.catalog import MIGRATIONS, Catalog, CatalogError
+from palaestra.hub.catalog import Catalog
 from palaestra.hub.client import HubError, attach_results, projects, set_yanked, upload
+from palaestra.hub.data import HubData
+from palaestra.hub.database import MIGRATIONS, CatalogError
 from palaestra.hub.export import export
-from palaestra.hub.install import plan_install
+from palaestra.hub.install_plan import plan_install
 from palaestra.hub.results import RECORD_KEYS
-from palaestra.hub.server import HubData
 from palaestra.testing.hub import build_dists, running_hub, write_env_package
 
 JSON = index.JSON_TYPE

@@ -33,8 +33,8 @@ from palaestra.cli.eval import Stopped, add_eval_arguments, cmd_eval
 from palaestra.cli.hub import add_hub_parser, list_hub
 from palaestra.cli.train import add_train_parser
 from palaestra.eval.store import RunStoreError
-from palaestra.hub.catalog import CatalogError
 from palaestra.hub.client import HubError
+from palaestra.hub.database import CatalogError
 from palaestra.runner import run_async
 
 API_KEY_VAR = "PALAESTRA_API_KEY"

@@ -98,7 +98,7 @@ def add_hub_parser(sub: Any) -> None:
 
 
 def _data(path: Path, *, create: bool) -> Any:
-    from palaestra.hub.server import HubData
+    from palaestra.hub.data import HubData
 
     if not create and not (path / "hub.sqlite3").is_file():
         raise UsageError(

@@ -17,8 +17,8 @@ import shutil
 from pathlib import Path
 
 from palaestra.hub import index, pages
+from palaestra.hub.data import HubData
 from palaestra.hub.dist import FRAMEWORK
-from palaestra.hub.server import HubData
 
 REPORT_WRAPPER = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Run report</title>

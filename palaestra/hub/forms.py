@@ -23,7 +23,7 @@ import orjson
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from palaestra.hub.catalog import CatalogError
+from palaestra.hub.database import CatalogError
 
 MAX_FIELD_BYTES = 1024 * 1024  # one text field (a run's metadata.json, twine's description)
 MAX_PARTS = 1000  # twine sends a few dozen

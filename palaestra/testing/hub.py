@@ -115,7 +115,8 @@ def build_dists(package: Path, out: Path) -> list[Path]:
 @contextlib.asynccontextmanager
 async def running_hub(data: Path, *, max_upload_bytes: int | None = None) -> AsyncIterator[str]:
     """Serve a hub over ``data`` from this event loop on a free port; yields ``http://127.0.0.1:PORT/``."""
-    from palaestra.hub.server import MAX_UPLOAD_BYTES, HubData, create_app
+    from palaestra.hub.data import HubData
+    from palaestra.hub.server import MAX_UPLOAD_BYTES, create_app
     from palaestra.serve import start
 
     app = create_app(HubData(data), max_upload_bytes=max_upload_bytes or MAX_UPLOAD_BYTES)
