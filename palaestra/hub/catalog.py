@@ -110,7 +110,7 @@ class Catalog(Database):
 
         The catalog rows are committed only if the block succeeds, so a file whose move fails is
         never listed; a crash between the move and the commit leaves a file no row names, which
-        ``orphans`` finds at the next start.
+        ``HubData.recover`` removes at the next start.
         """
         with self._write() as db:
             project = db.execute("SELECT id, owner_id FROM projects WHERE name = ?", (dist.name,)).fetchone()
