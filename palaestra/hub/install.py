@@ -4,8 +4,9 @@ It is safe against dependency confusion and against pip's own settings: packages
 ``palaestra-env-*`` come from the hub and from nowhere else. Each is installed from the exact file
 the hub lists (``NAME @ URL#sha256=HASH``) by a pip that reads no configuration file and no ``PIP_*``
 variable, and so is ``palaestra`` itself when the hub serves it and the interpreter has no
-palaestra that satisfies the environment already (a source checkout is never replaced); every other requirement comes from pip's own configured index, in a second pip call that
-names the hub's files again; then each ``palaestra-env-*`` distribution installed is checked.
+palaestra that satisfies the environment already (a source checkout is never replaced); every
+other requirement comes from pip's own configured index, in a second pip call that names the
+hub's files again; then each ``palaestra-env-*`` distribution installed is checked.
 
 The planner (``install_plan``) reads the hub's index (PEP 691 JSON from a hub, PEP 503 HTML from a
 static copy made by ``palaestra hub export``), follows extras, honours yanks and ``Requires-Python``,
