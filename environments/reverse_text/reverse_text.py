@@ -12,7 +12,9 @@ is downloaded and the same seed always gives the same paragraphs. The reply is p
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from difflib import SequenceMatcher
+from typing import Any
 
 import palaestra as pa
 from palaestra.checks import check_int, check_text
@@ -37,27 +39,41 @@ WORDS = (
 PUNCTUATION = (".", ".", ".", "!", "?")
 
 
-def make_paragraph(rng: random.Random) -> str:
-    """Two to four sentences of five to twelve words each, drawn from ``WORDS``."""
-    sentences = []
-    for _ in range(rng.randint(2, 4)):
-        words = [rng.choice(WORDS) for _ in range(rng.randint(5, 12))]
-        if rng.random() < 0.3:  # a comma somewhere inside, as real prose has
-            at = rng.randrange(1, len(words) - 1)
-            words[at] += ","
-        sentence = " ".join(words)
-        sentences.append(sentence[0].upper() + sentence[1:] + rng.choice(PUNCTUATION))
-    return " ".join(sentences)
+SENTENCES = (2, 4)  # the default paragraph: two to four sentences ...
+SENTENCE_WORDS = (5, 12)  # ... of five to twelve words each
 
 
-def make_dataset(num_examples: int, seed: int) -> list[dict[str, str]]:
+def make_paragraph(
+    rng: random.Random, sentences: tuple[int, int] = SENTENCES, words: tuple[int, int] = SENTENCE_WORDS
+) -> str:
+    """A paragraph of ``sentences`` (fewest, most) sentences of ``words`` (fewest, most) words each,
+    drawn from ``WORDS``."""
+    out = []
+    for _ in range(rng.randint(*sentences)):
+        chosen = [rng.choice(WORDS) for _ in range(rng.randint(*words))]
+        if rng.random() < 0.3 and len(chosen) >= 3:  # a comma somewhere inside, as real prose has
+            at = rng.randrange(1, len(chosen) - 1)
+            chosen[at] += ","
+        sentence = " ".join(chosen)
+        out.append(sentence[0].upper() + sentence[1:] + rng.choice(PUNCTUATION))
+    return " ".join(out)
+
+
+def make_dataset(
+    num_examples: int,
+    seed: int,
+    sentences: tuple[int, int] = SENTENCES,
+    words: tuple[int, int] = SENTENCE_WORDS,
+) -> list[dict[str, str]]:
     """``num_examples`` rows of ``question`` (a paragraph) and ``answer`` (its reversal).
 
-    Row ``i`` depends only on (``seed``, ``i``), so a smaller dataset is a prefix of a larger one.
+    Row ``i`` depends only on (``seed``, ``i``, the lengths), so a smaller dataset is a prefix of a
+    larger one.
     """
     rows = []
     for i in range(num_examples):
-        text = make_paragraph(random.Random(pa.derive_seed("reverse_text", seed, i)))
+        rng = random.Random(pa.derive_seed("reverse_text", seed, i))
+        text = make_paragraph(rng, sentences, words)
         rows.append({"question": text, "answer": text[::-1]})
     return rows
 
@@ -68,19 +84,42 @@ def lcs_reward(parser: pa.Parser, completion: pa.Messages, answer: str) -> float
     return SequenceMatcher(None, parsed or "", answer).ratio()
 
 
+def _span(name: str, value: Any) -> tuple[int, int]:
+    """``[fewest, most]`` as a pair of ints with 1 <= fewest <= most, else ``ValueError`` naming ``name``."""
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        or not 1 <= value[0] <= value[1]
+    ):
+        raise ValueError(
+            f"{name} must be [fewest, most], two integers with 1 <= fewest <= most, got {value!r}"
+        )
+    return int(value[0]), int(value[1])
+
+
 def load_environment(
-    num_examples: int = 1000, seed: int = 0, system_prompt: str = SYSTEM_PROMPT
+    num_examples: int = 1000,
+    seed: int = 0,
+    system_prompt: str = SYSTEM_PROMPT,
+    sentences: Sequence[int] = SENTENCES,
+    words: Sequence[int] = SENTENCE_WORDS,
 ) -> pa.SingleTurnEnv:
-    """The Reverse Text environment with ``num_examples`` paragraphs generated from ``seed``."""
+    """The Reverse Text environment with ``num_examples`` paragraphs generated from ``seed``, each of
+    ``sentences`` = [fewest, most] sentences of ``words`` = [fewest, most] words."""
     check_int("num_examples", num_examples, minimum=1)
     check_int("seed", seed)
     check_text("system_prompt", system_prompt)
+    lengths = _span("sentences", sentences), _span("words", words)
     parser = pa.XMLParser(["reversed_text"])
     rubric = pa.Rubric(parser=parser)
     rubric.add(lcs_reward, weight=1.0)
     rubric.add(parser.format_reward_func(), weight=0.0)  # a metric: reported, not rewarded
     return pa.SingleTurnEnv(
-        dataset=make_dataset(num_examples, seed), system_prompt=system_prompt, parser=parser, rubric=rubric
+        dataset=make_dataset(num_examples, seed, *lengths),
+        system_prompt=system_prompt,
+        parser=parser,
+        rubric=rubric,
     )
 
 

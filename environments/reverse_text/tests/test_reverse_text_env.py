@@ -104,3 +104,19 @@ async def test_format_is_a_metric_not_part_of_the_reward() -> None:
 def test_bad_arguments_raise_clear_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         rt.load_environment(**kwargs)
+
+
+def test_lengths_set_the_paragraph_shape() -> None:
+    rows = rt.load_environment(num_examples=40, seed=0, sentences=[1, 1], words=[4, 8]).examples
+    for row in rows:
+        text = row.prompt[1]["content"]
+        assert text[-1] in ".!?" and not any(p in text[:-1] for p in ".!?")  # one sentence
+        assert 4 <= len(text.split()) <= 8
+    # the defaults are the original paragraphs: two to four sentences of five to twelve words
+    assert rt.make_dataset(20, seed=0) == rt.make_dataset(20, seed=0, sentences=(2, 4), words=(5, 12))
+
+
+@pytest.mark.parametrize("bad", [[0, 2], [3, 2], [1], "2", [1.0, 2], [True, 2]])
+def test_bad_lengths_are_refused_by_name(bad: object) -> None:
+    with pytest.raises(ValueError, match="words must be"):
+        rt.load_environment(num_examples=1, words=bad)  # type: ignore[arg-type]
