@@ -27,9 +27,26 @@ class DefaultModelMissing(ImportError):
     """The package that ships the default model's weights is not installed."""
 
 
+def is_default_model(name: str) -> bool:
+    """Whether ``name`` is an alias of the embedded default (``smollm2``)."""
+    return name.lower() in SMOLLM2_ALIASES
+
+
+def chat_template_for(name: str) -> str | None:
+    """The chat template palaestra gives the model named ``name``, or None to keep its own.
+
+    The default model gets SmolLM2's own template extended with Hermes-style tools
+    (``palaestra/chat_templates/smollm2.jinja``): without tools it renders exactly what SmolLM2's
+    renders, and a tool environment can run on it.
+    """
+    if not is_default_model(name):
+        return None
+    return (Path(__file__).parent.parent / "chat_templates" / "smollm2.jinja").read_text()
+
+
 def resolve_model(name: str) -> str:
     """A model name as transformers loads it: aliases of the default become its checkpoint directory."""
-    if name.lower() in SMOLLM2_ALIASES:
+    if is_default_model(name):
         return str(smollm2_checkpoint())
     return name
 

@@ -90,7 +90,8 @@ class LocalClient:
     ``torch.nn.Module`` itself: a trainer may change its weights in place inside
     ``async with client.paused():`` or through ``update_weights``. ``prefix_cache_bytes`` bounds
     the KV states kept for reuse across requests (0 turns reuse off). ``chat_template`` (Jinja)
-    replaces the tokenizer's own, e.g. to give tools to a model whose template has none.
+    replaces the tokenizer's own, e.g. to give tools to a model whose template has none; the
+    default model gets SmolLM2's template with Hermes-style tools (``default_model.chat_template_for``).
 
     Tools: a request with ``tools`` needs a template that takes them (else ``ValueError``); its
     reply is parsed for Hermes-style ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
@@ -123,9 +124,11 @@ class LocalClient:
             raise ImportError(
                 f"LocalClient needs torch and transformers ({exc}): pip install 'palaestra[local]'"
             ) from exc
-        from palaestra.clients.default_model import resolve_model
+        from palaestra.clients.default_model import chat_template_for, resolve_model
 
         path = resolve_model(str(model))
+        if chat_template is None:
+            chat_template = chat_template_for(str(model))
         if gguf_file is None and path.endswith(".gguf") and os.path.isfile(path):
             path, gguf_file = os.path.split(os.path.abspath(path))
         torch_device = pick_device(device)

@@ -24,7 +24,7 @@ def load_model(config: ModelConfig, texts: Callable[[], list[str]], *, device: A
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from palaestra.clients.default_model import resolve_model
+    from palaestra.clients.default_model import chat_template_for, resolve_model
 
     if config.tiny is not None:
         from palaestra.tiny_model import TinyConfig, build_tiny_model
@@ -41,6 +41,9 @@ def load_model(config: ModelConfig, texts: Callable[[], list[str]], *, device: A
             )
         except OSError as exc:
             raise ValueError(f"model.path: cannot load {config.path!r} ({exc})") from None
+        template = chat_template_for(str(config.path))  # the default model's, with tools
+        if template is not None:
+            tokenizer.chat_template = template
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"model: the tokenizer of {config.path or 'the tiny model'} has no chat template")
     for name in ("final_logit_softcapping", "logit_scale"):
