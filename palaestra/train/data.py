@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from palaestra import tool_calls
 from palaestra.data.rollouts import messages_from_row
 from palaestra.types import Messages, content_text
 
@@ -50,9 +51,34 @@ def load_conversations(path: str | Path) -> list[Messages]:
     return [chat.messages for chat in load_chats(path)]
 
 
-def message_texts(conversations: Iterable[Messages]) -> list[str]:
-    """The text of every message: what a tiny model's tokenizer is trained on."""
-    texts = (content_text(m.get("content")) for c in conversations for m in c)
+def message_texts(
+    conversations: Iterable[Messages], tools: Iterable[list[dict[str, Any]] | None] = ()
+) -> list[str]:
+    """What a tiny model's tokenizer is trained on: the text of every message, the tool calls as
+    its chat template writes them (``<tool_call>{JSON}</tool_call>``), and the tool schemas of each prompt (``tools``, one
+    list or None per conversation, JSON).
+
+    Without the calls and schemas, a tool environment's prompt and replies are mostly text the
+    tokenizer never saw, split into a token a byte or two: an order_desk conversation came out at
+    931 tokens on average instead of 648.
+    """
+    texts: list[str] = []
+    for conversation in conversations:
+        for message in conversation:
+            texts.append(content_text(message.get("content")))
+            for call in message.get("tool_calls") or []:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict):
+                    arguments = function.get("arguments")
+                    if isinstance(arguments, str):
+                        try:
+                            arguments = json.loads(arguments)
+                        except json.JSONDecodeError:
+                            pass
+                    call_json = json.dumps({"name": function.get("name"), "arguments": arguments})
+                    texts.append(f"{tool_calls.OPEN}{call_json}{tool_calls.CLOSE}")
+    # as often as the prompts hold them, as the system prompt (a message) is counted
+    texts += [json.dumps(schema) for given in tools for schema in given or ()]
     return [text for text in texts if text]
 
 

@@ -117,7 +117,9 @@ def _train_sft(config: SFTConfig, resume: str | Path | None, progress: bool | No
         )
     with out_of_memory_is_a_config_error(f"model {model_config.path or 'tiny'}"):
         model, tokenizer = load_model(
-            model_config, lambda: message_texts(c.messages for c in chats), device=device
+            model_config,
+            lambda: message_texts((c.messages for c in chats), (c.tools for c in chats)),
+            device=device,
         )
     examples = encode_shared(
         tokenizer, chats, config, end_of_turn_ids(tokenizer, model.generation_config), world
