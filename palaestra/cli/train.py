@@ -1,4 +1,5 @@
-"""``palaestra train``: ``sft`` (supervised fine-tuning from a TOML config) and ``curves`` (plot runs).
+"""``palaestra train``: ``sft`` and ``rl`` (from a TOML config), ``curves`` (plot runs) and
+``diagnose`` (why an RL run does or does not learn).
 
 ``palaestra train sft CONFIG.toml [--section.key VALUE ...]`` or ``palaestra train sft --resume
 RUN_DIR [--section.key VALUE ...]``. A bad config, bad data or an impossible setting is one line
@@ -56,7 +57,9 @@ class OverridesParser(OneLineParser):
 
 def add_train_parser(subparsers: Any) -> None:
     """Register ``palaestra train`` and its subcommands on the CLI's subparsers."""
-    train = subparsers.add_parser("train", help="train a model: sft, rl; curves of training runs")
+    train = subparsers.add_parser(
+        "train", help="train a model: sft, rl; curves and diagnosis of training runs"
+    )
     commands = train.add_subparsers(required=True, metavar="COMMAND", parser_class=OverridesParser)
 
     for kind, help_text, epilog, pattern in (
@@ -100,6 +103,13 @@ def add_train_parser(subparsers: Any) -> None:
     curves.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     curves.add_argument("-o", "--output", type=Path, default=None, help="default: RUN_DIR/curves.html")
     curves.set_defaults(func=cmd_curves)
+
+    diagnose = commands.add_parser(
+        "diagnose",
+        help="why an RL run does or does not learn: its signal, replies and policy, and the likely causes",
+    )
+    diagnose.add_argument("run", type=Path, metavar="RUN_DIR")
+    diagnose.set_defaults(func=cmd_diagnose)
 
 
 def _train(args: argparse.Namespace, kind: str) -> int:
@@ -185,6 +195,16 @@ def _check_train_extra() -> None:
         import transformers  # noqa: F401
     except ImportError as exc:
         raise UsageError(f"training needs the train extra: pip install 'palaestra[train]' ({exc})") from None
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from palaestra.train.diagnose import report
+
+    try:
+        print(report(args.run))
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    return 0
 
 
 def cmd_curves(args: argparse.Namespace) -> int:

@@ -35,6 +35,16 @@ RL_SECTIONS = (
     ),
     ("the environment's metrics", (("metrics/", "batch mean of"),)),
     (
+        "the signal (palaestra train diagnose names what these mean)",
+        (
+            ("flat_groups", "share of groups whose rollouts all have one reward (no signal)"),
+            ("truncated", "share of replies cut at max_tokens"),
+            ("unparsed", "share of final replies the parser finds no answer in"),
+            ("advantage_balance", "advantage balance (sum of A x tokens / sum of |A| x tokens)"),
+            ("mismatch/kl", "sampler-trainer KL per token"),
+        ),
+    ),
+    (
         "the policy",
         (
             ("entropy", "entropy of the sampled tokens (nats)"),

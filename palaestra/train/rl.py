@@ -144,7 +144,9 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
         model_config = ModelConfig(path=str(checkpoint), attn_implementation=config.model.attn_implementation)
     with out_of_memory_is_a_config_error(f"model {model_config.path or 'tiny'}"):
         model, tokenizer = load_model(
-            model_config, lambda: message_texts(e.prompt for e in env.examples), device=device
+            model_config,
+            lambda: message_texts((e.prompt for e in env.examples), (env.tools for _ in env.examples)),
+            device=device,
         )
         check_template(tokenizer, env)
         reference = None
@@ -327,6 +329,7 @@ async def _train(config: RLConfig, resume: Path | None, progress: bool | None, w
                     float(scheduler.get_last_lr()[0]),
                     batch.seconds,
                     t_trained - t_sampled,
+                    parser=env.parser,
                 )
                 record.update(cut_sequences=cut, policy_version=batch.version, seconds=t_trained - t0)
                 record.update(off_policy_steps=step - batch.version, seconds_waiting=waited)

@@ -15,8 +15,10 @@ from palaestra.clients.base import ModelClient
 from palaestra.envs.base import Environment
 from palaestra.eval.run import evaluate
 from palaestra.eval.store import RunMetadata, RunStore
+from palaestra.parsers import Parser
 from palaestra.train.metrics import TrainProgress
 from palaestra.train.rl_config import RLConfig
+from palaestra.train.signal import advantage_balance, flat_groups, unparsed
 from palaestra.types import Rollout, RunSpec, Sampling
 
 
@@ -28,17 +30,24 @@ def step_record(
     lr: float,
     sampling_s: float,
     training_s: float,
+    parser: Parser | None = None,
 ) -> dict[str, Any]:
-    """What one step logs: rewards and metrics of its rollouts, the update's figures, the time split."""
+    """What one step logs: rewards and metrics of its rollouts, what they offer to learn from
+    (``signal.py``; ``parser`` reads the final replies), the update's figures, the time split."""
     scored = [r for r in rollouts if r.reward is not None]
     turns = [t for r in rollouts for t in r.turns]
     sampled = sum(len(t.token_ids or ()) for t in turns)
+    flat_share, flat_reward = flat_groups(rollouts)
     record: dict[str, Any] = {
         "step": step,
         "reward": _mean([r.reward for r in scored if r.reward is not None]),
         "errors": sum(r.error is not None for r in rollouts),
         "zero_groups": advantages.zero_groups,
         "groups": advantages.groups,
+        "flat_groups": flat_share,
+        "flat_reward": flat_reward,
+        "unparsed": unparsed(rollouts, parser),
+        "advantage_balance": advantage_balance(advantages.rollouts, advantages.values),
         "completion_tokens": sampled / max(len(turns), 1),
         "truncated": sum(t.finish_reason == "length" for t in turns) / max(len(turns), 1),
         "lr": lr,
