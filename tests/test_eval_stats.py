@@ -34,3 +34,29 @@ def test_change_says_whether_the_interval_excludes_zero() -> None:
 def test_bad_counts_are_refused(k: int, n: int) -> None:
     with pytest.raises(ValueError, match="need n >= 1"):
         Rate(k, n)
+
+
+def test_mean_has_the_student_t_interval() -> None:
+    from palaestra.eval.stats import Mean
+
+    m = Mean((0.0, 1.0, 0.5, 0.5))  # mean 0.5, sample std 0.408, t(3) = 3.182
+    low, high = m.interval
+    assert m.value == 0.5
+    assert high - 0.5 == pytest.approx(3.182446 * 0.408248 / 2, rel=1e-4)
+    assert low == pytest.approx(1.0 - high)
+    assert str(m) == "0.500 [-0.150, 1.150]"
+    with pytest.raises(ValueError, match="at least 2"):
+        Mean((0.5,))
+
+
+def test_paired_change_uses_the_per_example_differences() -> None:
+    from palaestra.eval.stats import paired_change
+
+    before = [0.1, 0.5, 0.9, 0.3, 0.7]
+    # each example up by 0.1 give or take 0.01: the means' own intervals overlap, the pairs do not
+    after = [b + d for b, d in zip(before, (0.1, 0.11, 0.09, 0.1, 0.1), strict=True)]
+    assert paired_change(after, before).startswith("+0.100 [+0.0")
+    assert paired_change(after, before).endswith("significant") and "not" not in paired_change(after, before)
+    assert paired_change(before, before[::-1]).endswith("not significant")
+    with pytest.raises(ValueError, match="same examples"):
+        paired_change(after, before[:3])

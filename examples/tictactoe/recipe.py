@@ -6,7 +6,7 @@
     python examples/tictactoe/recipe.py smollm2 --rl         # ... then RL (LoRA; the long run is a GPU's)
 
 Every stage is a ``palaestra`` command (printed before it runs, with its wall-clock time and the
-machine's load after it), so each can be rerun by hand. ``tiny`` and ``smollm2`` keep what they
+machine's load after it; ``palaestra.recipes``), so each can be rerun by hand. ``tiny`` and ``smollm2`` keep what they
 have done: run the same command again after an interruption and it skips the finished stages and
 resumes an interrupted training run from its last checkpoint. ``demo`` starts from nothing.
 
@@ -25,10 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
-import subprocess
-import sys
 import threading
 import time
 import tomllib
@@ -37,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from palaestra.eval.stats import Rate, change
+from palaestra.recipes import held_out, palaestra, saved_run, summary, train
 
 HERE = Path(__file__).parent
 TEACHER = "scripted:tictactoe:teacher_player"  # names the optimal cells; plays at random 20% of the time
@@ -249,8 +247,8 @@ def main() -> None:
                     raise
                 runs.append(run)
                 previous = run / "final"
-            results["after SFT"] = held_out(runs[0], first=True)
-            results["after RL"] = held_out(runs[-1], first=False)
+            results["after SFT"] = held_out_both(runs[0], first=True)
+            results["after RL"] = held_out_both(runs[-1], first=False)
             times["RL"] = time.perf_counter() - start
         else:
             results["after SFT"] = evaluate_both(work / "sft" / "final", games, plan.max_tokens, evals)
@@ -269,49 +267,6 @@ def main() -> None:
         print(
             f"RL curves: palaestra train curves {rl_dirs}; read the games: palaestra report {work}/rl*/samples/step-*"
         )
-
-
-def train(kind: str, config: Path, run: Path, *overrides: object, nproc: int = 1) -> None:
-    """``palaestra train KIND``, or its ``--resume`` if an earlier run stopped part way; nothing if
-    done. ``nproc`` > 1: data-parallel over that many processes."""
-    if (run / "final").exists():
-        print(f"\n{kind}: {run} is done (its final checkpoint is there)")
-        return
-    processes = ("--nproc", nproc) if nproc > 1 else ()
-    if (run / "checkpoints").exists() and any((run / "checkpoints").glob("step-*[0-9]")):
-        palaestra("train", kind, "--resume", run, "--quiet", *processes)
-        return
-    if run.exists():  # started but stopped before its first checkpoint: start it again
-        shutil.rmtree(run)
-    palaestra("train", kind, config, "--output.dir", run, "--quiet", *overrides, *processes)
-
-
-def palaestra(*argv: object, echo: bool = True) -> str:
-    """Run one ``palaestra`` command in this Python; print it, its time and the load. ``echo``: its
-    output goes straight to the terminal (returns ""); else only the saved run's path is printed,
-    and its stdout is returned."""
-    command = [sys.executable, "-m", "palaestra.cli", *map(str, argv)]
-    print("\n$ palaestra " + shlex.join(command[3:]), flush=True)
-    start = time.perf_counter()
-    # one torch thread per process unless told otherwise: the evaluations run beside training,
-    # and on a small machine two processes of two threads each run many times slower than one
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    done = subprocess.run(command, stdout=None if echo else subprocess.PIPE, text=True, env=env)
-    out = done.stdout or ""
-    print("".join(line for line in out.splitlines(keepends=True) if line.startswith("saved:")), end="")
-    if done.returncode:
-        raise SystemExit(f"failed with exit status {done.returncode}")
-    print(f"[{time.perf_counter() - start:.0f} s; {os.popen('uptime').read().strip()}]", flush=True)
-    return out
-
-
-def saved_run(stdout: str) -> Path:
-    """The run folder a ``palaestra eval`` printed (``saved: PATH``)."""
-    return Path(
-        next(
-            line.removeprefix("saved: ") for line in stdout.splitlines() if line.startswith("saved: ")
-        ).strip()
-    )
 
 
 def evaluate(
@@ -351,20 +306,9 @@ def evaluate_both(
     }
 
 
-def held_out(run: Path, *, first: bool) -> dict[str, dict[str, float]]:
+def held_out_both(run: Path, *, first: bool) -> dict[str, dict[str, float]]:
     """An RL run's protocol evaluation before its first step or after its last, as ``evaluate``'s."""
-    steps = sorted((run / "evals").glob("step-*[0-9]"))
-    if not steps:
-        raise SystemExit(f"{run} has no held-out evaluations (its config's [eval] sets)")
-    folder = steps[0] if first else steps[-1]
-    return {opponent: summary(folder / opponent) for opponent in ("random", "optimal")}
-
-
-def summary(saved: Path) -> dict[str, float]:
-    """A saved evaluation's metric means by name, and ``n`` (the games it saved)."""
-    metadata = json.loads((saved / "metadata.json").read_text())
-    means = {name: value["mean"] for name, value in metadata["summary"]["metrics"].items()}
-    return {**means, "n": float(metadata["counts"]["saved"])}
+    return {opponent: summary(held_out(run, opponent, first=first)) for opponent in ("random", "optimal")}
 
 
 def rate(m: dict[str, float], key: str) -> Rate:

@@ -5,12 +5,20 @@ A rate measured on n games is a binomial proportion; its 95% interval is Wilson'
 normal ("Wald") interval fails. The difference between two independent rates (after RL − before,
 each on its own games) gets Newcombe's hybrid score interval (Newcombe 1998, method 10), built
 from the two Wilson intervals: the change is significant at 95% when that interval excludes 0.
+
+A graded reward (a similarity in [0, 1], say) is a mean: ``Mean`` gives its Student t interval,
+and ``paired_change`` the interval of the change between two models scored on the *same*
+examples, from the per-example differences (a paired t interval: the examples' own difficulty
+cancels, so it is much narrower than comparing the two means' intervals).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from palaestra.eval.summary import t_quantile_975
 
 Z95 = 1.959963984540054  # the normal quantile for a two-sided 95% interval
 
@@ -65,3 +73,49 @@ def change(after: Rate, before: Rate) -> str:
     low, high = difference_interval(after, before)
     verdict = "significant" if low > 0 or high < 0 else "not significant"
     return f"{100 * (after.value - before.value):+.0f} pts [{100 * low:+.0f}, {100 * high:+.0f}], {verdict}"
+
+
+@dataclass(frozen=True)
+class Mean:
+    """The mean of ``values`` (one per example), with its 95% Student t interval."""
+
+    values: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.values) < 2 or not all(math.isfinite(v) for v in self.values):
+            raise ValueError(f"need at least 2 finite values, got {len(self.values)}")
+
+    @property
+    def value(self) -> float:
+        return math.fsum(self.values) / len(self.values)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return t_interval(self.values)
+
+    def __str__(self) -> str:
+        low, high = self.interval
+        return f"{self.value:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float]:
+    """The 95% Student t interval of the mean of ``values`` (at least 2)."""
+    n = len(values)
+    if n < 2:
+        raise ValueError(f"need at least 2 values, got {n}")
+    mean = math.fsum(values) / n
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile_975(n - 1) * std / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def paired_change(after: Sequence[float], before: Sequence[float]) -> str:
+    """``mean(after) − mean(before)`` over the same examples (in the same order), with the paired
+    95% t interval of the per-example differences, and whether it excludes 0."""
+    if len(after) != len(before):
+        raise ValueError(f"paired values need the same examples: {len(after)} against {len(before)}")
+    differences = [a - b for a, b in zip(after, before, strict=True)]
+    low, high = t_interval(differences)
+    verdict = "significant" if low > 0 or high < 0 else "not significant"
+    mean = math.fsum(differences) / len(differences)
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}], {verdict}"
