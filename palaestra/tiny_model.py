@@ -40,28 +40,34 @@ class TinyConfig:
     tie_embeddings: bool = False
     seed: int = 0
     split_digits: bool = False  # True: every digit its own token, wherever it stands (see train_tokenizer)
+    split_spaces: bool = False  # True: a space is a token of its own, never part of a word's
     attention_window: int | None = None  # each token sees only the last N (a Mistral); None: all (a Llama)
 
 
-def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 400, split_digits: bool = False) -> Any:
+def train_tokenizer(
+    texts: Iterable[str], *, vocab_size: int = 400, split_digits: bool = False, split_spaces: bool = False
+) -> Any:
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``texts``, with the ChatML template.
 
     EOS is ``<|im_end|>`` (the end of every chat turn) and the pad token is ``<|pad|>``. With
     ``split_digits`` each digit is a token of its own, never merged with a space or another digit
     (as Llama's and SmolLM2's tokenizers do): ``"cell 7"``, ``"| 7 |"`` and ``"<move>7"`` then share
     the token ``7``, so a small model can copy a number from the board to its move. Without it,
-    byte-level BPE makes ``" 7"`` and ``"7"`` two unrelated tokens.
+    byte-level BPE makes ``" 7"`` and ``"7"`` two unrelated tokens. ``split_spaces`` does the same
+    for words: a space is a token of its own, so ``"Ada"`` in ``I am Ada`` and in ``{"name": "Ada"}``
+    is one token, which a small model can copy from a question into a tool call.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.pre_tokenizer = (
-        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-        if split_digits
-        else byte_level
-    )
+    steps: list[Any] = []
+    if split_digits:
+        steps.append(pre_tokenizers.Digits(individual_digits=True))
+    if split_spaces:
+        steps.append(pre_tokenizers.Split(" ", behavior="isolated"))
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([*steps, byte_level]) if steps else byte_level
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -93,7 +99,12 @@ def build_tiny_model(
         raise ValueError(
             f"attention_window must be a positive number of tokens, got {config.attention_window}"
         )
-    tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size, split_digits=config.split_digits)
+    tokenizer = train_tokenizer(
+        texts,
+        vocab_size=config.vocab_size,
+        split_digits=config.split_digits,
+        split_spaces=config.split_spaces,
+    )
     kind: Any = LlamaConfig
     model_class: Any = LlamaForCausalLM
     window: dict[str, Any] = {}

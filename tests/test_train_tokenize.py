@@ -196,6 +196,29 @@ def test_split_digits_makes_a_cell_number_one_token_wherever_it_stands(split_dig
         assert len(sevens) > 1
 
 
+@pytest.mark.parametrize("split_spaces", [True, False])
+def test_split_spaces_makes_a_word_one_token_wherever_it_stands(split_spaces: bool) -> None:
+    """A name in a question and the same name in a tool call's JSON are one token only when a space
+    is never part of a word's token."""
+    from palaestra.tiny_model import train_tokenizer
+
+    texts = [f"I am {n} Moss. Hello {n}!" for n in ("Ada", "Ben", "Cleo")] * 30
+    texts += [f'{{"name": "{n} Moss"}}' for n in ("Ada", "Ben", "Cleo")] * 30
+    tokenizer = train_tokenizer(texts, vocab_size=400, split_spaces=split_spaces)
+    tokens = {
+        text: tokenizer.convert_ids_to_tokens(tokenizer(text, add_special_tokens=False)["input_ids"])
+        for text in ("I am Ada Moss.", '{"name": "Ada Moss"}')
+    }
+    holds_ada = [{t for t in ts if "Ada" in t} for ts in tokens.values()]
+    if split_spaces:
+        assert holds_ada[0] == holds_ada[1] == {"Ada"}
+        assert tokenizer.decode(tokenizer("I am Ada Moss.", add_special_tokens=False)["input_ids"]) == (
+            "I am Ada Moss."
+        )
+    else:  # " Ada" after a space, "Ada" after a quote: two tokens
+        assert holds_ada[0] != holds_ada[1]
+
+
 def test_an_attention_window_makes_a_mistral_that_sees_only_the_last_tokens() -> None:
     """The same weights as the Llama of the same sizes; logits agree inside the window, not past it."""
     import torch

@@ -40,6 +40,7 @@ class TinyModelConfig:
     tie_embeddings: bool = True
     seed: int = 0
     split_digits: bool = False  # True: each digit its own token (palaestra.tiny_model.train_tokenizer)
+    split_spaces: bool = False  # True: each space its own token, so a word is one token wherever it is
     attention_window: int | None = None  # sliding-window attention over the last N tokens (a Mistral)
 
     def __post_init__(self) -> None:
