@@ -362,6 +362,7 @@ def test_every_bundled_environment_publishes(hub: dict[str, Any]) -> None:
     assert BUNDLED == [
         "double_check",
         "long_context_qa",
+        "order_desk",
         "python_tasks",
         "reverse_text",
         "sql_quiz",

@@ -25,7 +25,7 @@ from palaestra.cli import main
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from test_train_rl_remote import figures, free_port, records, remote, serve_command  # noqa: E402
+from test_train_rl_remote import assert_same_figures, figures, free_port, records, remote, serve_command  # noqa: E402
 from toy_rl_env import load  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -103,10 +103,7 @@ def assert_same_run(run: Path, reference: Path) -> None:
     assert [r["step"] for r in b] == [0, 1, 2] and [r.get("policy_version") for r in b] == [None, 0, 1]
     assert b[1]["groups"] == 4 and b[1]["zero_groups"] < 4 and "loss" in b[1]  # something was learnt
     assert b[1]["errors"] == 0 and b[2]["errors"] == 0
-    for here, there in zip(a, b, strict=True):  # the same samples (seeded), the same update, to float noise
-        assert here.keys() == there.keys()
-        for key, value in here.items():
-            assert there[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (here["step"], key)
+    assert_same_figures(a, b)  # the same samples (seeded), the same update, to float noise
     for step in (1, 2):  # the very tokens: every group of the batch is in the saved sample
         name = f"step-{step:06d}"
         ids, logprobs = sampled(run / "samples" / name)
@@ -180,10 +177,7 @@ def test_two_ranks_sampling_ahead_push_together_and_one_step_ahead_take_the_one_
     assert main(["train", "rl", str(config), "--quiet", *steps]) == 0
     one = figures(alone)
     assert stale == [0, 1, 1]
-    for here, there in zip(one, two, strict=True):  # the same samples, the same updates, to float noise
-        assert here.keys() == there.keys()
-        for key, value in here.items():
-            assert there[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (here["step"], key)
+    assert_same_figures(one, two)  # the same samples, the same updates, to float noise
     for step in (1, 2, 3):  # the very tokens of every group
         name = f"step-{step:06d}"
         ids, logprobs = sampled(tmp_path / "run" / "samples" / name)
